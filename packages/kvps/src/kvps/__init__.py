@@ -1,0 +1,10 @@
+"""AdaPM-style parameter server on MPI with intent-driven relocation and replication."""
+
+from __future__ import annotations
+
+import mpi4py.MPI  # noqa: F401  (initialises MPI and loads libmpi first)
+
+from . import _kvps
+from ._version import __version__
+
+__all__ = ["__version__"]

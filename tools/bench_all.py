@@ -1,0 +1,82 @@
+"""`nox -s bench`: run every package's benchmarks and write results/REPORT.md.
+
+Each benchmark script (packages/*/benchmarks/bench_*.py) prints one JSON line
+per measurement, prefixed with ``BENCH ``:
+
+    BENCH {"package": "mpiad", "name": "allreduce 1MiB vs mpi4py", "ratio": 1.02,
+           "goal": "<= 1.05", "met": true, "unit": "x", "detail": {...}}
+
+and may write PNG plots into the folder given by $DISTKIT_BENCH_OUT. This
+driver launches each script (under mpiexec when its first line asks for
+``# nprocs: N``), collects the lines and writes the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from distkit_common.testing import run_mpi
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "results"
+
+
+def nprocs_of(script: Path) -> int:
+    m = re.search(r"^# nprocs: (\d+)", script.read_text(), re.M)
+    return int(m.group(1)) if m else 1
+
+
+def main(argv: list[str]) -> int:
+    only = set(argv)
+    OUT.mkdir(exist_ok=True)
+    rows: list[dict] = []
+    failures: list[str] = []
+    scripts = sorted(ROOT.glob("packages/*/benchmarks/bench_*.py"))
+    for script in scripts:
+        pkg = script.parent.parent.name
+        if only and pkg not in only:
+            continue
+        n = nprocs_of(script)
+        print(f"== {pkg}: {script.name} on {n} rank(s)", flush=True)
+        t0 = time.monotonic()
+        res = run_mpi(script, n, timeout=1800, check=False, env={"DISTKIT_BENCH_OUT": str(OUT)})
+        sys.stdout.write(res.stdout)
+        if res.returncode != 0:
+            failures.append(f"{pkg}/{script.name} exited {res.returncode}")
+            sys.stderr.write(res.stderr[-4000:])
+        for line in res.stdout.splitlines():
+            if line.startswith("BENCH "):
+                row = json.loads(line[6:])
+                row.setdefault("package", pkg)
+                rows.append(row)
+        print(f"   ({time.monotonic() - t0:.0f} s)", flush=True)
+    write_report(rows, failures)
+    return 1 if failures else 0
+
+
+def write_report(rows: list[dict], failures: list[str]) -> None:
+    lines = ["# distkit benchmark report", "",
+             f"Machine: {os.cpu_count()} cores; generated {time.strftime('%Y-%m-%d %H:%M')}.", "",
+             "| package | measurement | ratio | goal | met |", "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        ratio = r.get("ratio")
+        shown = f"{ratio:.3g}" if isinstance(ratio, (int, float)) else str(ratio)
+        met = {True: "met", False: "NOT met", None: "-"}[r.get("met")]
+        lines.append(f"| {r['package']} | {r['name']} | {shown} {r.get('unit', '')} | {r.get('goal', '')} | {met} |")
+    if failures:
+        lines += ["", "## Failed benchmark runs", *[f"- {f}" for f in failures]]
+    pngs = sorted(OUT.glob("*.png"))
+    if pngs:
+        lines += ["", "## Plots", *[f"![{p.stem}]({p.name})" for p in pngs]]
+    (OUT / "REPORT.md").write_text("\n".join(lines) + "\n")
+    (OUT / "results.json").write_text(json.dumps(rows, indent=1))
+    print(f"wrote {OUT / 'REPORT.md'} ({len(rows)} measurements)")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
