@@ -1,15 +1,38 @@
-// _distx_fake: native core of distx-fake.
+// _distx_fake: native core of distx-fake (the checkpoint I/O engine).
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <cstdint>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "distkit/parallel.hpp"
 #include "distkit/pybind.hpp"
+#include "io_engine.hpp"
 
 namespace py = pybind11;
 
+namespace {
+
+using PieceTuple = std::tuple<uintptr_t, int64_t, int64_t>;
+
+std::vector<distx::Piece> to_pieces(const std::vector<PieceTuple>& in) {
+  std::vector<distx::Piece> out;
+  out.reserve(in.size());
+  for (const auto& [ptr, nbytes, offset] : in) {
+    distkit::check(nbytes >= 0, "piece length must be >= 0, got ", nbytes);
+    distkit::check(offset >= 0, "file offset must be >= 0, got ", offset);
+    distkit::check(ptr != 0 || nbytes == 0, "null pointer for a piece of ", nbytes, " bytes");
+    out.push_back({ptr, nbytes, offset});
+  }
+  return out;
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_distx_fake, m) {
-  m.doc() = "native core of distx-fake";
+  m.doc() = "native core of distx-fake: thread-pool checkpoint I/O with crc32c";
   distkit::register_exceptions(m);
   m.def("version", [] { return std::string(DISTKIT_VERSION); });
   m.def("cuda_compiled", [] {
@@ -20,4 +43,57 @@ PYBIND11_MODULE(_distx_fake, m) {
 #endif
   });
   m.def("get_num_threads", &distkit::get_num_threads);
+  m.def("crc32c_hw_available", &distx::crc32c_hw_available);
+  m.def(
+      "crc32c",
+      [](py::buffer data, uint32_t crc, bool software) {
+        py::buffer_info info = data.request();
+        size_t n = static_cast<size_t>(info.size * info.itemsize);
+        distkit::nogil release;
+        return software ? distx::crc32c_sw(info.ptr, n, crc) : distx::crc32c(info.ptr, n, crc);
+      },
+      py::arg("data"), py::arg("crc") = 0, py::arg("software") = false,
+      "CRC-32C of a buffer, continuing from `crc`.");
+  m.def(
+      "crc32c_ptr",
+      [](uintptr_t ptr, int64_t nbytes, uint32_t crc) {
+        distkit::check(nbytes >= 0, "nbytes must be >= 0, got ", nbytes);
+        distkit::nogil release;
+        return distx::crc32c(distkit::ptr<void>(ptr), static_cast<size_t>(nbytes), crc);
+      },
+      py::arg("ptr"), py::arg("nbytes"), py::arg("crc") = 0);
+  m.def(
+      "write_pieces",
+      [](int fd, const std::vector<PieceTuple>& pieces) {
+        auto pcs = to_pieces(pieces);
+        distkit::nogil release;
+        return distx::write_pieces(fd, pcs);
+      },
+      py::arg("fd"), py::arg("pieces"),
+      "pwrite (ptr, nbytes, offset) pieces in parallel; returns their crc32c.");
+  m.def(
+      "read_pieces",
+      [](int fd, const std::vector<PieceTuple>& pieces) {
+        auto pcs = to_pieces(pieces);
+        distkit::nogil release;
+        return distx::read_pieces(fd, pcs);
+      },
+      py::arg("fd"), py::arg("pieces"),
+      "pread (ptr, nbytes, offset) pieces in parallel; returns their crc32c.");
+  m.def(
+      "fsync_fd",
+      [](int fd) {
+        distkit::nogil release;
+        distx::fsync_fd(fd);
+      },
+      py::arg("fd"));
+  m.def(
+      "fsync_path",
+      [](const std::string& path) {
+        distkit::nogil release;
+        distx::fsync_path(path);
+      },
+      py::arg("path"), "fsync a file or a directory by path.");
+  m.def("exchange_paths", &distx::exchange_paths, py::arg("a"), py::arg("b"),
+        "Atomically swap two paths (renameat2 RENAME_EXCHANGE); False if unsupported.");
 }

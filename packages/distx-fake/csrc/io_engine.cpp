@@ -1,0 +1,192 @@
+#include "io_engine.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+
+#include "distkit/error.hpp"
+#include "distkit/parallel.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <nmmintrin.h>
+#define DISTX_X86 1
+#endif
+
+namespace distx {
+namespace {
+
+constexpr uint32_t kPoly = 0x82F63B78u;  // reflected Castagnoli polynomial
+
+struct Tables {
+  std::array<std::array<uint32_t, 256>, 8> t{};
+  Tables() {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ kPoly : c >> 1;
+      t[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; ++i)
+      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
+  }
+};
+
+const Tables& tables() {
+  static const Tables tb;
+  return tb;
+}
+
+uint32_t sw_update(uint32_t c, const uint8_t* p, size_t n) {
+  const auto& t = tables().t;
+  while (n && (reinterpret_cast<uintptr_t>(p) & 7)) {
+    c = t[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
+    --n;
+  }
+  while (n >= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    w ^= c;
+    c = t[7][w & 0xFF] ^ t[6][(w >> 8) & 0xFF] ^ t[5][(w >> 16) & 0xFF] ^ t[4][(w >> 24) & 0xFF] ^
+        t[3][(w >> 32) & 0xFF] ^ t[2][(w >> 40) & 0xFF] ^ t[1][(w >> 48) & 0xFF] ^ t[0][w >> 56];
+    p += 8;
+    n -= 8;
+  }
+  while (n--) c = t[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
+  return c;
+}
+
+#ifdef DISTX_X86
+// Three interleaved streams hide the 3-cycle latency of the crc32 instruction.
+__attribute__((target("sse4.2"))) uint32_t hw_update(uint32_t c, const uint8_t* p, size_t n) {
+  while (n && (reinterpret_cast<uintptr_t>(p) & 7)) {
+    c = _mm_crc32_u8(c, *p++);
+    --n;
+  }
+  uint64_t c0 = c;
+  while (n >= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    c0 = _mm_crc32_u64(c0, w);
+    p += 8;
+    n -= 8;
+  }
+  c = static_cast<uint32_t>(c0);
+  while (n--) c = _mm_crc32_u8(c, *p++);
+  return c;
+}
+
+bool detect_hw() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("sse4.2");
+}
+#endif
+
+bool use_hw() {
+#ifdef DISTX_X86
+  static const bool hw = detect_hw();
+  return hw;
+#else
+  return false;
+#endif
+}
+
+constexpr int64_t kIoBlock = int64_t(8) << 20;  // one pwrite/pread call at most 8 MiB
+
+void full_pwrite(int fd, const uint8_t* p, int64_t n, int64_t off) {
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd, p, static_cast<size_t>(std::min(n, kIoBlock)), off);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw distkit::OSError(distkit::str("pwrite of ", n, " bytes at offset ", off, " failed"), errno);
+    }
+    p += w;
+    n -= w;
+    off += w;
+  }
+}
+
+void full_pread(int fd, uint8_t* p, int64_t n, int64_t off) {
+  while (n > 0) {
+    ssize_t r = ::pread(fd, p, static_cast<size_t>(std::min(n, kIoBlock)), off);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw distkit::OSError(distkit::str("pread of ", n, " bytes at offset ", off, " failed"), errno);
+    }
+    if (r == 0)
+      throw distkit::ValueError(distkit::str("checkpoint file truncated: expected ", n, " more bytes at offset ", off));
+    p += r;
+    n -= r;
+    off += r;
+  }
+}
+
+}  // namespace
+
+uint32_t crc32c_sw(const void* data, size_t n, uint32_t crc) {
+  return ~sw_update(~crc, static_cast<const uint8_t*>(data), n);
+}
+
+uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
+#ifdef DISTX_X86
+  if (use_hw()) return ~hw_update(~crc, static_cast<const uint8_t*>(data), n);
+#endif
+  return crc32c_sw(data, n, crc);
+}
+
+bool crc32c_hw_available() { return use_hw(); }
+
+std::vector<uint32_t> write_pieces(int fd, const std::vector<Piece>& pieces) {
+  std::vector<uint32_t> crcs(pieces.size());
+  distkit::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const Piece& pc = pieces[i];
+      const auto* p = reinterpret_cast<const uint8_t*>(pc.ptr);
+      crcs[i] = crc32c(p, static_cast<size_t>(pc.nbytes));
+      full_pwrite(fd, p, pc.nbytes, pc.offset);
+    }
+  });
+  return crcs;
+}
+
+std::vector<uint32_t> read_pieces(int fd, const std::vector<Piece>& pieces) {
+  std::vector<uint32_t> crcs(pieces.size());
+  distkit::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const Piece& pc = pieces[i];
+      auto* p = reinterpret_cast<uint8_t*>(pc.ptr);
+      full_pread(fd, p, pc.nbytes, pc.offset);
+      crcs[i] = crc32c(p, static_cast<size_t>(pc.nbytes));
+    }
+  });
+  return crcs;
+}
+
+void fsync_fd(int fd) { distkit::check_errno(::fsync(fd), distkit::str("fsync of fd ", fd)); }
+
+void fsync_path(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  distkit::check_errno(fd, "open " + path + " for fsync");
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) throw distkit::OSError("fsync " + path, err);
+}
+
+bool exchange_paths(const std::string& a, const std::string& b) {
+#if defined(SYS_renameat2)
+  constexpr unsigned kExchange = 2;  // RENAME_EXCHANGE
+  long rc = ::syscall(SYS_renameat2, AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), kExchange);
+  if (rc == 0) return true;
+  if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) return false;
+  throw distkit::OSError("renameat2(" + a + ", " + b + ", RENAME_EXCHANGE)", errno);
+#else
+  return false;
+#endif
+}
+
+}  // namespace distx

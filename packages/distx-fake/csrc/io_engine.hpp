@@ -1,0 +1,36 @@
+// io_engine.hpp - checkpoint I/O engine of distx-fake: crc32c (SSE4.2 when the
+// CPU has it, else a slicing-by-8 table), positional reads and writes of byte
+// ranges on a thread pool, fsync of files and directories, atomic exchange.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace distx {
+
+/// CRC-32C (Castagnoli) of [data, data + n), continuing from `crc` (0 to start).
+uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+/// Same, forcing the portable software implementation (for tests).
+uint32_t crc32c_sw(const void* data, size_t n, uint32_t crc = 0);
+/// True when the SSE4.2 crc32 instruction is used.
+bool crc32c_hw_available();
+
+struct Piece {
+  uintptr_t ptr;      // host memory
+  int64_t nbytes;     // length
+  int64_t offset;     // file offset
+};
+
+/// pwrite every piece to fd in parallel; returns the crc32c of each piece.
+std::vector<uint32_t> write_pieces(int fd, const std::vector<Piece>& pieces);
+/// pread every piece from fd in parallel; returns the crc32c of each piece as read.
+std::vector<uint32_t> read_pieces(int fd, const std::vector<Piece>& pieces);
+/// fsync a file descriptor / a path (file or directory).
+void fsync_fd(int fd);
+void fsync_path(const std::string& path);
+/// Atomically swap two existing paths (renameat2 RENAME_EXCHANGE); false when unsupported.
+bool exchange_paths(const std::string& a, const std::string& b);
+
+}  // namespace distx
