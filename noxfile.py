@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -82,7 +81,15 @@ def build_wheels(session: nox.Session, packages: list[str], outdir: Path = WHEEL
         for old in outdir.glob(f"{DIST_NAMES[pkg].replace('-', '_')}-*.whl"):
             old.unlink()
         session.run(
-            "python", "-m", "pip", "wheel", "--no-deps", "--find-links", str(outdir), "-w", str(outdir),
+            "python",
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--find-links",
+            str(outdir),
+            "-w",
+            str(outdir),
             str(ROOT / "packages" / pkg),
             env={"PIP_FIND_LINKS": str(outdir)},
         )
@@ -99,8 +106,20 @@ def run_pytest(session: nox.Session, packages: list[str]) -> None:
     # run from an empty folder so nothing imports from the source tree by accident
     tmp = Path(session.create_tmp())
     with session.chdir(tmp):
-        session.run("python", "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT),
-                    "--timeout", "900", *paths, *session.posargs, env=env)
+        session.run(
+            "python",
+            "-m",
+            "pytest",
+            "-c",
+            str(ROOT / "pyproject.toml"),
+            "--rootdir",
+            str(ROOT),
+            "--timeout",
+            "900",
+            *paths,
+            *session.posargs,
+            env=env,
+        )
 
 
 @nox.session(python="3.11")
@@ -114,16 +133,26 @@ def tests(session: nox.Session, package: str) -> None:
 
 
 def _offline_installable(session: nox.Session, requirement: str) -> bool:
-    """True when pip would take `requirement` from this machine's disk (no large download)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--no-deps", "--ignore-installed",
-         "--report", "-", "--python-version", session.python or "3.11", "--only-binary=:all:", requirement],
-        capture_output=True, text=True, timeout=300,
+    """True when the session's pip would take `requirement` from this machine's disk (no large download)."""
+    out = session.run(
+        "python",
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--quiet",
+        "--no-deps",
+        "--ignore-installed",
+        "--report",
+        "-",
+        requirement,
+        silent=True,
+        success_codes=[0, 1],
+        log=False,
     )
-    if proc.returncode != 0:
-        return False
     try:
-        report = json.loads(proc.stdout)
+        text = str(out or "")
+        report = json.loads(text[text.index("{") :]) if "{" in text else {}
     except json.JSONDecodeError:
         return False
     urls = [item.get("download_info", {}).get("url", "") for item in report.get("install", [])]
@@ -135,8 +164,10 @@ def _offline_installable(session: nox.Session, requirement: str) -> bool:
 def matrix(session: nox.Session, torch: str) -> None:
     """The same wheels (built once per Python) tested on each torch release."""
     if not _offline_installable(session, f"torch=={torch}"):
-        session.skip(f"torch=={torch} for Python {session.python} is not on this machine's disk "
-                     "(it would be a multi-GB download); skipping this cell")
+        session.skip(
+            f"torch=={torch} for Python {session.python} is not on this machine's disk "
+            "(it would be a multi-GB download); skipping this cell"
+        )
     wheelhouse = ROOT / "build" / f"wheelhouse-py{session.python}"
     install_base(session, torch=torch)
     if not any(wheelhouse.glob("*.whl")) or "--rebuild" in session.posargs:
@@ -154,8 +185,14 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     srcs = [str(ROOT / "packages" / p / "src") for p in PACKAGES]
-    session.run("mypy", "--config-file", str(ROOT / "pyproject.toml"), *srcs, "noxfile.py",
-                env={"MYPYPATH": os.pathsep.join(srcs)})
+    session.run(
+        "mypy",
+        "--config-file",
+        str(ROOT / "pyproject.toml"),
+        *srcs,
+        "noxfile.py",
+        env={"MYPYPATH": os.pathsep.join(srcs)},
+    )
 
 
 def _install_everything(session: nox.Session) -> None:
@@ -231,9 +268,16 @@ def release(session: nox.Session) -> None:
     builds = Path(session.create_tmp()) / "release-builds"
     for pkg in PACKAGES:
         # wheel built from the sdist (proves the sdist is complete), in a build dir of its own
-        session.run("python", "-m", "build", "--outdir", str(dist),
-                    f"--config-setting=build-dir={builds / pkg}", str(ROOT / "packages" / pkg),
-                    env={"PIP_FIND_LINKS": str(dist)})
+        session.run(
+            "python",
+            "-m",
+            "build",
+            "--outdir",
+            str(dist),
+            f"--config-setting=build-dir={builds / pkg}",
+            str(ROOT / "packages" / pkg),
+            env={"PIP_FIND_LINKS": str(dist)},
+        )
     session.run("twine", "check", "--strict", *[str(p) for p in sorted(dist.iterdir())])
     for pkg in PACKAGES:
         stem = DIST_NAMES[pkg].replace("-", "_")
@@ -251,6 +295,11 @@ def release(session: nox.Session) -> None:
         if pkg != "common":
             session.run(py, "-m", "pip", "install", "--quiet", f"torch=={TORCH_DEFAULT}", external=True)
         session.run(py, "-m", "pip", "install", "--quiet", "--find-links", str(dist), DIST_NAMES[pkg], external=True)
-        session.run(py, "-c", f"import {imp}, {imp}._{imp} as n; assert n.version() == {ver!r}; print({imp}.__name__, n.version())",
-                    external=True, env=openmpi_env())
+        session.run(
+            py,
+            "-c",
+            f"import {imp}, {imp}._{imp} as n; assert n.version() == {ver!r}; print({imp}.__name__, n.version())",
+            external=True,
+            env=openmpi_env(),
+        )
     session.log(f"dist/ holds {len(list(dist.iterdir()))} files at version {ver}")

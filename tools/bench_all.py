@@ -60,9 +60,14 @@ def main(argv: list[str]) -> int:
 
 
 def write_report(rows: list[dict], failures: list[str]) -> None:
-    lines = ["# distkit benchmark report", "",
-             f"Machine: {os.cpu_count()} cores; generated {time.strftime('%Y-%m-%d %H:%M')}.", "",
-             "| package | measurement | ratio | goal | met |", "| --- | --- | --- | --- | --- |"]
+    lines = [
+        "# distkit benchmark report",
+        "",
+        f"Machine: {os.cpu_count()} cores; generated {time.strftime('%Y-%m-%d %H:%M')}.",
+        "",
+        "| package | measurement | ratio | goal | met |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         ratio = r.get("ratio")
         shown = f"{ratio:.3g}" if isinstance(ratio, (int, float)) else str(ratio)

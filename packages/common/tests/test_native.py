@@ -50,11 +50,28 @@ def test_half_conversion_matches_torch_bit_for_bit(dtype: torch.dtype) -> None:
     assert torch.equal(f32[~nan], as16.float()[~nan]) and torch.equal(nan, torch.isnan(as16.float()))
 
     gen = torch.Generator().manual_seed(0)
-    x = torch.cat([
-        torch.randn(200_000, generator=gen) * 10.0 ** torch.randint(-9, 6, (200_000,), generator=gen),
-        torch.tensor([0.0, -0.0, 65504.0, 65520.0, 65519.99, 1e-8, 2.0**-24, 2.0**-25, 3 * 2.0**-26, float("inf"),
-                      -float("inf"), 1e38, -1e-45]),
-    ])
+    x = torch.cat(
+        [
+            torch.randn(200_000, generator=gen) * 10.0 ** torch.randint(-9, 6, (200_000,), generator=gen),
+            torch.tensor(
+                [
+                    0.0,
+                    -0.0,
+                    65504.0,
+                    65520.0,
+                    65519.99,
+                    1e-8,
+                    2.0**-24,
+                    2.0**-25,
+                    3 * 2.0**-26,
+                    float("inf"),
+                    -float("inf"),
+                    1e38,
+                    -1e-45,
+                ]
+            ),
+        ]
+    )
     out = torch.empty(x.numel(), dtype=torch.int16)
     native.convert_f32(x.data_ptr(), out.data_ptr(), x.numel(), code_of(dtype))
     assert torch.equal(out.view(dtype), x.to(dtype))
@@ -67,8 +84,19 @@ def test_half_conversion_rejects_other_dtypes() -> None:
         native.convert_f32(0, 0, 0, 99)
 
 
-ROW_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
-              torch.int64, torch.uint8, torch.complex64, torch.complex128]
+ROW_DTYPES = [
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.complex64,
+    torch.complex128,
+]
 
 
 def _table(dtype: torch.dtype, rows: int, cols: int) -> torch.Tensor:
@@ -90,15 +118,37 @@ def test_row_ops_match_torch(dtype: torch.dtype, rows_per_chunk: int, idx_dtype:
     ptrs = [c.data_ptr() for c in chunks]
     idx = torch.tensor([3, 99, 0, 3, 50, 7, 7], dtype=idx_dtype)
     out = torch.empty(len(idx), cols, dtype=dtype)
-    args = (ptrs, rows_per_chunk, rows, cols, cols, 1, code_of(dtype), idx.data_ptr(), idx_dtype == torch.int64,
-            len(idx))
+    args = (
+        ptrs,
+        rows_per_chunk,
+        rows,
+        cols,
+        cols,
+        1,
+        code_of(dtype),
+        idx.data_ptr(),
+        idx_dtype == torch.int64,
+        len(idx),
+    )
     native.row_op("gather", *args, out.data_ptr())
     assert torch.equal(out, ref[idx.long()])
 
     uniq = torch.tensor([5, 98, 12], dtype=idx_dtype)
     vals = (torch.arange(3 * cols, dtype=torch.float64).reshape(3, cols) + 1).to(dtype)
-    native.row_op("scatter", ptrs, rows_per_chunk, rows, cols, cols, 1, code_of(dtype), uniq.data_ptr(),
-                  idx_dtype == torch.int64, 3, vals.data_ptr())
+    native.row_op(
+        "scatter",
+        ptrs,
+        rows_per_chunk,
+        rows,
+        cols,
+        cols,
+        1,
+        code_of(dtype),
+        uniq.data_ptr(),
+        idx_dtype == torch.int64,
+        3,
+        vals.data_ptr(),
+    )
     expect = ref.clone()
     expect[uniq.long()] = vals
     assert torch.equal(torch.cat(chunks), expect)
@@ -106,8 +156,21 @@ def test_row_ops_match_torch(dtype: torch.dtype, rows_per_chunk: int, idx_dtype:
     if dtype not in (torch.complex64, torch.complex128):
         dup = torch.tensor([4, 4, 4, 60], dtype=idx_dtype)
         v = torch.ones(4, cols, dtype=dtype)
-        native.row_op("scatter_add", ptrs, rows_per_chunk, rows, cols, cols, 1, code_of(dtype), dup.data_ptr(),
-                      idx_dtype == torch.int64, 4, v.data_ptr(), 2.0)
+        native.row_op(
+            "scatter_add",
+            ptrs,
+            rows_per_chunk,
+            rows,
+            cols,
+            cols,
+            1,
+            code_of(dtype),
+            dup.data_ptr(),
+            idx_dtype == torch.int64,
+            4,
+            v.data_ptr(),
+            2.0,
+        )
         expect.index_add_(0, dup.long(), v, alpha=2)
         assert torch.equal(torch.cat(chunks), expect)
 
@@ -117,8 +180,9 @@ def test_row_ops_honour_strides() -> None:
     view = base[:, ::2]  # row stride 6, column stride 2
     idx = torch.tensor([9, 0, 4])
     out = torch.empty(3, 3)
-    native.row_op("gather", [view.data_ptr()], 10, 10, 3, 6, 2, code_of(torch.float32), idx.data_ptr(), True, 3,
-                  out.data_ptr())
+    native.row_op(
+        "gather", [view.data_ptr()], 10, 10, 3, 6, 2, code_of(torch.float32), idx.data_ptr(), True, 3, out.data_ptr()
+    )
     assert torch.equal(out, view[idx])
 
 
@@ -128,8 +192,20 @@ def test_row_ops_reject_bad_indices_before_touching_memory() -> None:
         idx = torch.tensor(bad)
         vals = torch.ones(3, 2)
         with pytest.raises(IndexError, match=rf"index {bad[pos]} at position {pos} is out of range for 10 rows"):
-            native.row_op("scatter", [t.data_ptr()], 10, 10, 2, 2, 1, code_of(torch.float32), idx.data_ptr(), True,
-                          3, vals.data_ptr())
+            native.row_op(
+                "scatter",
+                [t.data_ptr()],
+                10,
+                10,
+                2,
+                2,
+                1,
+                code_of(torch.float32),
+                idx.data_ptr(),
+                True,
+                3,
+                vals.data_ptr(),
+            )
         assert torch.count_nonzero(t) == 0
 
 
@@ -153,8 +229,22 @@ def test_cuda_row_ops_match_cpu() -> None:  # pragma: no cover - no GPU in CI
     ref = _table(torch.float32, 100, 8).cuda()
     idx = torch.randint(0, 100, (50,), device="cuda")
     out = torch.empty(50, 8, device="cuda")
-    native.row_op("gather", [ref.data_ptr()], 100, 100, 8, 8, 1, 2, idx.data_ptr(), True, 50, out.data_ptr(),
-                  on_device=True, stream=torch.cuda.current_stream().cuda_stream)
+    native.row_op(
+        "gather",
+        [ref.data_ptr()],
+        100,
+        100,
+        8,
+        8,
+        1,
+        2,
+        idx.data_ptr(),
+        True,
+        50,
+        out.data_ptr(),
+        on_device=True,
+        stream=torch.cuda.current_stream().cuda_stream,
+    )
     torch.cuda.synchronize()
     assert torch.equal(out, ref[idx])
 

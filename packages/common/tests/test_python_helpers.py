@@ -29,12 +29,24 @@ def test_version_is_consistent() -> None:
     ("env", "expected"),
     [
         ({}, LaunchInfo("none", 0, 1, 0, 1)),
-        ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-          "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, LaunchInfo("openmpi", 3, 4, 1, 2)),
-        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, LaunchInfo("torchrun", 1, 2, 1, 2)),
+        (
+            {
+                "OMPI_COMM_WORLD_RANK": "3",
+                "OMPI_COMM_WORLD_SIZE": "4",
+                "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+            },
+            LaunchInfo("openmpi", 3, 4, 1, 2),
+        ),
+        (
+            {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"},
+            LaunchInfo("torchrun", 1, 2, 1, 2),
+        ),
         ({"PMI_RANK": "2", "PMI_SIZE": "3"}, LaunchInfo("mpich", 2, 3, 0, 1)),
-        ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "4(x2)"},
-         LaunchInfo("slurm", 5, 8, 1, 4)),
+        (
+            {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "4(x2)"},
+            LaunchInfo("slurm", 5, 8, 1, 4),
+        ),
     ],
 )
 def test_launch_info(env: dict[str, str], expected: LaunchInfo) -> None:

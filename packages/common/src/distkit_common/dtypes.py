@@ -57,9 +57,7 @@ def dtype_name(dtype: Any) -> str:
                 name = np.dtype(dtype).name
             except TypeError:
                 raise TypeError(f"not a dtype: {dtype!r}") from None
-    name = {"half": "float16", "float": "float32", "double": "float64", "long": "int64", "int": "int32"}.get(
-        name, name
-    )
+    name = {"half": "float16", "float": "float32", "double": "float64", "long": "int64", "int": "int32"}.get(name, name)
     if name not in CODES:
         raise TypeError(f"unsupported dtype {dtype!r}; supported: {', '.join(CODES)}")
     return name

@@ -214,7 +214,7 @@ def _load(module: str, file: str | None, qualname: str) -> Callable[..., Any]:
     obj: Any = mod
     for part in qualname.split("."):
         obj = getattr(obj, part)
-    return obj  # type: ignore[no-any-return]
+    return obj
 
 
 def _spawn_entry(target: tuple[str, str | None, str], rank: int, size: int, store: str, args: tuple[Any, ...]) -> None:
@@ -254,7 +254,9 @@ def run_spawn(
     target = (fn.__module__, getattr(module, "__file__", None), fn.__qualname__)
     with tempfile.TemporaryDirectory(prefix="distkit-spawn-") as tmp:
         store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_spawn_entry, args=(target, r, nprocs, store, args), daemon=True) for r in range(nprocs)]
+        procs = [
+            ctx.Process(target=_spawn_entry, args=(target, r, nprocs, store, args), daemon=True) for r in range(nprocs)
+        ]
         for p in procs:
             p.start()
         import time
