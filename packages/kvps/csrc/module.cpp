@@ -1,13 +1,19 @@
-// _kvps: native core of kvps.
+// _kvps: native core of kvps (the protocol engine lives in engine.hpp).
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <memory>
 #include <string>
 
 #include "distkit/mpi.hpp"
 #include "distkit/parallel.hpp"
 #include "distkit/pybind.hpp"
+#include "engine.hpp"
 
 namespace py = pybind11;
+using distkit::nogil;
+using distkit::ptr;
+using kvps::Engine;
 
 PYBIND11_MODULE(_kvps, m) {
   m.doc() = "native core of kvps";
@@ -27,4 +33,77 @@ PYBIND11_MODULE(_kvps, m) {
     distkit::mpi::check(MPI_Get_library_version(buf, &len), "MPI_Get_library_version");
     return std::string(buf, static_cast<size_t>(len));
   });
+  m.def("mpi_thread_level", [] {
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    return provided == MPI_THREAD_MULTIPLE ? 3 : provided == MPI_THREAD_SERIALIZED ? 2
+                                             : provided == MPI_THREAD_FUNNELED     ? 1
+                                                                                   : 0;
+  });
+
+  py::class_<Engine>(m, "Engine")
+      .def(py::init([](uintptr_t comm, uintptr_t coll, int64_t num_keys, uintptr_t lengths, int dtype, int workers,
+                       int technique, int64_t lookahead) {
+             return new Engine(comm, coll, num_keys, ptr<const int64_t>(lengths), dtype, workers, technique, lookahead);
+           }),
+           py::arg("comm"), py::arg("coll"), py::arg("num_keys"), py::arg("lengths"), py::arg("dtype"),
+           py::arg("num_workers"), py::arg("technique"), py::arg("lookahead"))
+      .def_property_readonly("rank", &Engine::rank)
+      .def_property_readonly("size", &Engine::size)
+      .def_property_readonly("num_keys", &Engine::num_keys)
+      .def("key_len", &Engine::key_len)
+      .def("key_state", &Engine::key_state)
+      .def("num_replicas", &Engine::num_replicas)
+      .def("value_count",
+           [](Engine& e, uintptr_t keys, int64_t n) {
+             nogil g;
+             return e.value_count(ptr<const int64_t>(keys), n);
+           })
+      .def("op",
+           [](Engine& e, int op, int worker, uintptr_t keys, int64_t n, uintptr_t vals) {
+             nogil g;
+             return e.op(op, worker, ptr<const int64_t>(keys), n, ptr<char>(vals));
+           })
+      .def("localize",
+           [](Engine& e, int worker, uintptr_t keys, int64_t n) {
+             nogil g;
+             return e.localize(worker, ptr<const int64_t>(keys), n);
+           })
+      .def("intent",
+           [](Engine& e, int worker, uintptr_t keys, int64_t n, int64_t start, int64_t end) {
+             nogil g;
+             e.intent(worker, ptr<const int64_t>(keys), n, start, end);
+           })
+      .def("advance_clock", &Engine::advance_clock)
+      .def("current_clock", &Engine::current_clock)
+      .def("wait_sync", &Engine::wait_sync, py::call_guard<nogil>())
+      .def("wait", &Engine::wait, py::call_guard<nogil>())
+      .def("waitall", &Engine::waitall, py::call_guard<nogil>())
+      .def("is_done", &Engine::is_done)
+      .def("barrier", &Engine::barrier, py::call_guard<nogil>())
+      .def("worker_barrier", &Engine::worker_barrier, py::call_guard<nogil>())
+      .def("owned_keys",
+           [](Engine& e) {
+             std::vector<int64_t> k;
+             {
+               nogil g;
+               k = e.owned_keys();
+             }
+             py::array_t<int64_t> a(static_cast<py::ssize_t>(k.size()));
+             if (!k.empty()) std::memcpy(a.mutable_data(), k.data(), k.size() * sizeof(int64_t));
+             return a;
+           })
+      .def("read_local",
+           [](Engine& e, uintptr_t keys, int64_t n, uintptr_t out) {
+             nogil g;
+             e.read_local(ptr<const int64_t>(keys), n, ptr<char>(out));
+           })
+      .def("write_local",
+           [](Engine& e, uintptr_t keys, int64_t n, uintptr_t in) {
+             nogil g;
+             e.write_local(ptr<const int64_t>(keys), n, ptr<const char>(in));
+           })
+      .def("reset_ownership", &Engine::reset_ownership, py::call_guard<nogil>())
+      .def("begin_shutdown", &Engine::begin_shutdown)
+      .def("stop", &Engine::stop, py::call_guard<nogil>());
 }

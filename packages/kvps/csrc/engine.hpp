@@ -1,0 +1,1147 @@
+// engine.hpp - the kvps protocol engine: store, ownership directory, intent
+// handling and a background progress thread speaking MPI.
+//
+// Protocol summary (see README "How it works"):
+//  * every key has a home rank (key % size) whose `owner_` entry is the truth
+//    about the key's current owner; other ranks keep a routing hint;
+//  * a request for a key goes to the hinted rank; a rank that does not own the
+//    key forwards it (home -> owner, others -> home); a rank waiting for the key
+//    to arrive (INCOMING) queues it; the owner serves it and answers the origin;
+//  * relocation: the new owner marks the key INCOMING and asks the home; the
+//    home updates the directory and tells the old owner to hand the value over;
+//  * replication: the home grants replicas when several ranks intend a key; a
+//    replica applies local pushes at once, keeps the delta and, every sync
+//    round, ships the delta to the owner and gets the fresh value back;
+//  * all protocol state is touched by the progress thread only, except the
+//    value/state of a key, which worker threads read and update in place under
+//    a striped spin lock (the local fast path).
+#pragma once
+
+#include <mpi.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "distkit/dtype.hpp"
+#include "distkit/error.hpp"
+#include "distkit/mpi.hpp"
+#include "distkit/parallel.hpp"
+
+namespace kvps {
+
+using distkit::check;
+using distkit::str;
+
+enum State : uint8_t { NOT_HERE = 0, OWNED = 1, REPLICA = 2, INCOMING = 3 };
+
+enum MsgType : int32_t {
+  M_PULL = 1,
+  M_PUSH,
+  M_SET,
+  M_IPUSH,  // internal push (flush of a dropped replica)
+  M_FETCH,  // replica creation: read the owner's value
+  M_RSYNC,  // replica sync: add delta at the owner, get the value back
+  M_PULL_RESP,
+  M_ACK,
+  M_FETCH_RESP,
+  M_RSYNC_RESP,
+  M_LOCALIZE,
+  M_TRANSFER,
+  M_HANDOVER,
+  M_INTENT_ADD,
+  M_INTENT_DROP,
+  M_INTENT_ACK,
+  M_RELOC_GRANT,
+  M_REPL_GRANT,
+};
+
+enum Technique : int { T_ALL = 0, T_REPL_ONLY = 1, T_RELOC_ONLY = 2, T_NONE = 3 };
+
+constexpr int kTag = 7;
+constexpr size_t kStripes = 1 << 14;
+
+inline bool carries_values(int32_t t) {
+  return t == M_PUSH || t == M_SET || t == M_IPUSH || t == M_RSYNC || t == M_PULL_RESP || t == M_FETCH_RESP ||
+         t == M_RSYNC_RESP || t == M_HANDOVER;
+}
+
+template <class T>
+void add_values(char* dst, const char* src, int64_t n) {
+  T* d = reinterpret_cast<T*>(dst);
+  const T* s = reinterpret_cast<const T*>(src);
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) d[i] = T(static_cast<float>(d[i]) + static_cast<float>(s[i]));
+  }
+}
+
+struct Hdr {
+  int32_t type;
+  int32_t origin;
+  int64_t ts;
+  int64_t n;
+};
+
+struct SpinLock {
+  std::atomic_flag f = ATOMIC_FLAG_INIT;
+  void lock() {
+    int spins = 0;
+    while (f.test_and_set(std::memory_order_acquire)) {
+      if (++spins > 64) std::this_thread::yield();
+    }
+  }
+  void unlock() { f.clear(std::memory_order_release); }
+};
+
+/// A lazily committed, zero-filled virtual arena (pages cost memory only once touched).
+class Arena {
+ public:
+  Arena() = default;
+  explicit Arena(size_t bytes) : size_(bytes) {
+    if (bytes == 0) return;
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) throw distkit::OSError(str("mmap of ", bytes, " bytes for the value arena"), errno);
+    p_ = static_cast<char*>(p);
+  }
+  ~Arena() {
+    if (p_) munmap(p_, size_);
+  }
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  Arena(Arena&& o) noexcept : p_(o.p_), size_(o.size_) { o.p_ = nullptr; }
+  Arena& operator=(Arena&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(size_, o.size_);
+    return *this;
+  }
+  char* data() const { return p_; }
+
+ private:
+  char* p_ = nullptr;
+  size_t size_ = 0;
+};
+
+struct Request {
+  int64_t remaining = 0;
+  bool done = false;
+  bool internal = false;
+  char* out = nullptr;           // user buffer (pull)
+  std::vector<int64_t> out_off;  // byte offset per position (pull)
+  int worker = -1;
+};
+
+struct Cmd {
+  int32_t type = 0;  // a MsgType for routed ops, else one of the C_* below
+  int64_t ts = -1;
+  int worker = 0;
+  int64_t a = 0, b = 0;
+  std::vector<int64_t> keys, pos;
+  std::vector<char> vals;
+};
+enum CmdType : int32_t { C_LOCALIZE = 100, C_INTENT, C_SYNC };
+
+struct PendingOp {
+  int32_t type;
+  int32_t origin;
+  int64_t ts;
+  int64_t pos;
+  std::vector<char> val;
+};
+
+struct IntentEntry {
+  int64_t start, end;
+  std::vector<int64_t> keys;
+};
+
+struct Builder {
+  std::vector<int64_t> keys, pos;
+  std::vector<char> vals;
+};
+
+class Engine {
+ public:
+  Engine(uintptr_t comm, uintptr_t coll, int64_t num_keys, const int64_t* lengths, int dtype, int num_workers,
+         int technique, int64_t lookahead)
+      : comm_(distkit::mpi::comm_from_handle(comm)),
+        coll_(distkit::mpi::comm_from_handle(coll)),
+        num_keys_(num_keys),
+        dtype_(distkit::dtype_from_code(dtype)),
+        num_workers_(num_workers),
+        tech_(technique),
+        lookahead_(lookahead) {
+    check(num_keys > 0, "num_keys must be > 0, got ", num_keys);
+    check(num_workers > 0, "num_threads must be > 0, got ", num_workers);
+    check(distkit::is_floating(dtype_), "value dtype must be floating, got ", distkit::dtype_name(dtype_));
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    check<distkit::Error>(provided == MPI_THREAD_MULTIPLE,
+                          "kvps needs MPI_THREAD_MULTIPLE (initialise MPI through mpi4py with the default "
+                          "thread level 'multiple'); the MPI library provided level ",
+                          provided);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    isz_ = distkit::itemsize(dtype_);
+    len_.assign(lengths, lengths + num_keys);
+    off_.resize(num_keys + 1);
+    off_[0] = 0;
+    for (int64_t k = 0; k < num_keys; ++k) {
+      check(len_[k] >= 0, "value_lengths[", k, "] = ", len_[k], " is negative");
+      off_[k + 1] = off_[k] + len_[k];
+    }
+    uniform_ = true;
+    for (int64_t k = 1; k < num_keys; ++k)
+      if (len_[k] != len_[0]) {
+        uniform_ = false;
+        break;
+      }
+    vals_ = Arena(static_cast<size_t>(off_[num_keys] * isz_) + 64);
+    delta_ = Arena(static_cast<size_t>(off_[num_keys] * isz_) + 64);
+    state_.assign(num_keys, NOT_HERE);
+    flags_.assign(num_keys, 0);
+    hint_.resize(num_keys);
+    owner_.resize(num_keys);
+    want_.assign(num_keys, 0);
+    for (int64_t k = 0; k < num_keys; ++k) {
+      int h = home(k);
+      hint_[k] = h;
+      owner_[k] = h;
+      if (h == rank_) state_[k] = OWNED;
+    }
+    clocks_ = std::vector<std::atomic<int64_t>>(num_workers);
+    for (auto& c : clocks_) c.store(0);
+    worker_ts_.resize(num_workers);
+    pending_intents_.resize(num_workers);
+    active_intents_.resize(num_workers);
+    distkit::dispatch_floating(dtype_, [&](auto tag) {
+      using T = decltype(tag);
+      add_ = &add_values<T>;
+    });
+    running_ = true;
+    thread_ = std::thread([this] { loop(); });
+  }
+
+  ~Engine() { stop(); }
+
+  // ------------------------------------------------------------------ info
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int64_t num_keys() const { return num_keys_; }
+  int home(int64_t k) const { return static_cast<int>(k % size_); }
+  int64_t key_len(int64_t k) const { return len_[k]; }
+  int key_state(int64_t k) {
+    auto& l = lock_of(k);
+    l.lock();
+    int s = state_[k];
+    l.unlock();
+    return s;
+  }
+  int64_t value_count(const int64_t* keys, int64_t n) const {
+    if (uniform_) return n * len_[0];
+    int64_t s = 0;
+    for (int64_t i = 0; i < n; ++i) s += len_[keys[i]];
+    return s;
+  }
+
+  // ------------------------------------------------------------- worker ops
+  /// op is M_PULL, M_PUSH or M_SET. Returns -1 when served entirely locally.
+  int64_t op(int op, int worker, const int64_t* keys, int64_t n, char* vals) {
+    check_alive();
+    std::vector<int64_t> voff(n);
+    int64_t acc = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      voff[i] = acc;
+      acc += len_[keys[i]] * isz_;
+    }
+    std::vector<uint8_t> remote(n, 0);
+    std::atomic<int64_t> nremote{0};
+    distkit::parallel_for(0, n, 16384, [&](int64_t lo, int64_t hi) {
+      int64_t r = 0;
+      for (int64_t i = lo; i < hi; ++i) {
+        const int64_t k = keys[i];
+        const size_t bytes = static_cast<size_t>(len_[k] * isz_);
+        char* v = vals + voff[i];
+        char* slot = vals_.data() + off_[k] * isz_;
+        auto& l = lock_of(k);
+        l.lock();
+        const uint8_t st = state_[k];
+        if (st == OWNED || (st == REPLICA && op != M_SET)) {
+          if (op == M_PULL) {
+            std::memcpy(v, slot, bytes);
+          } else if (op == M_SET) {
+            std::memcpy(slot, v, bytes);
+          } else {
+            add_(slot, v, len_[k]);
+            if (st == REPLICA) add_(delta_.data() + off_[k] * isz_, v, len_[k]);
+          }
+          l.unlock();
+        } else {
+          l.unlock();
+          remote[i] = 1;
+          ++r;
+        }
+      }
+      if (r) nremote += r;
+    });
+    if (nremote.load() == 0) return -1;
+    Cmd c;
+    c.type = op;
+    c.worker = worker;
+    c.ts = next_ts_++;
+    auto req = std::make_shared<Request>();
+    req->remaining = nremote.load();
+    req->worker = worker;
+    if (op == M_PULL) {
+      req->out = vals;
+      req->out_off = voff;
+    }
+    c.keys.reserve(nremote);
+    c.pos.reserve(nremote);
+    for (int64_t i = 0; i < n; ++i) {
+      if (!remote[i]) continue;
+      c.keys.push_back(keys[i]);
+      c.pos.push_back(i);
+      if (op != M_PULL) {
+        const char* v = vals + voff[i];
+        c.vals.insert(c.vals.end(), v, v + len_[keys[i]] * isz_);
+      }
+    }
+    const int64_t ts = c.ts;
+    register_request(ts, req, worker);
+    post(std::move(c));
+    return ts;
+  }
+
+  int64_t localize(int worker, const int64_t* keys, int64_t n) {
+    check_alive();
+    std::vector<int64_t> u(keys, keys + n);
+    std::sort(u.begin(), u.end());
+    u.erase(std::unique(u.begin(), u.end()), u.end());
+    std::vector<int64_t> todo;
+    for (int64_t k : u)
+      if (key_state(k) != OWNED) todo.push_back(k);
+    if (todo.empty()) return -1;
+    Cmd c;
+    c.type = C_LOCALIZE;
+    c.worker = worker;
+    c.ts = next_ts_++;
+    auto req = std::make_shared<Request>();
+    req->remaining = static_cast<int64_t>(todo.size());
+    req->worker = worker;
+    c.keys = std::move(todo);
+    const int64_t ts = c.ts;
+    register_request(ts, req, worker);
+    post(std::move(c));
+    return ts;
+  }
+
+  void intent(int worker, const int64_t* keys, int64_t n, int64_t start, int64_t end) {
+    check_alive();
+    if (n == 0 || tech_ == T_NONE) return;
+    Cmd c;
+    c.type = C_INTENT;
+    c.worker = worker;
+    c.a = start;
+    c.b = end;
+    c.keys.assign(keys, keys + n);
+    post(std::move(c));
+  }
+
+  int64_t advance_clock(int worker) {
+    int64_t c = ++clocks_[worker];
+    Cmd cmd;
+    cmd.type = C_SYNC;
+    cmd.worker = worker;
+    post(std::move(cmd));
+    return c;
+  }
+  int64_t current_clock(int worker) const { return clocks_[worker].load(); }
+
+  /// One sync round (intents, replica refresh); returns once every internal
+  /// operation this rank has under way (relocations, replica fetches and
+  /// syncs, intent registrations) has finished.
+  void wait_sync() {
+    check_alive();
+    Cmd c;
+    c.type = C_SYNC;
+    c.ts = next_ts_++;
+    c.worker = -1;
+    auto req = std::make_shared<Request>();
+    req->remaining = 1;
+    {
+      std::lock_guard<std::mutex> lk(req_mu_);
+      reqs_[c.ts] = req;
+    }
+    int64_t ts = c.ts;
+    post(std::move(c));
+    wait(ts);
+  }
+
+  void wait(int64_t ts) {
+    if (ts < 0) return;
+    std::unique_lock<std::mutex> lk(req_mu_);
+    auto it = reqs_.find(ts);
+    if (it == reqs_.end()) return;
+    auto req = it->second;
+    req_cv_.wait(lk, [&] { return req->done || failed_; });
+    reqs_.erase(ts);
+    if (failed_ && !req->done) throw distkit::Error("kvps progress engine failed: " + error_);
+  }
+
+  void waitall(int worker) {
+    std::vector<int64_t> ts;
+    {
+      std::lock_guard<std::mutex> lk(req_mu_);
+      ts.swap(worker_ts_[worker]);
+    }
+    for (int64_t t : ts) wait(t);
+  }
+
+  bool is_done(int64_t ts) {
+    if (ts < 0) return true;
+    std::lock_guard<std::mutex> lk(req_mu_);
+    auto it = reqs_.find(ts);
+    return it == reqs_.end() || it->second->done;
+  }
+
+  /// A barrier on the collective communicator that does not spin hard.
+  void barrier() {
+    MPI_Request r;
+    distkit::mpi::check(MPI_Ibarrier(coll_, &r), "MPI_Ibarrier");
+    int flag = 0;
+    int spins = 0;
+    while (true) {
+      distkit::mpi::check(MPI_Test(&r, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+      if (flag) break;
+      if (++spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  /// Barrier over every worker thread of every rank.
+  void worker_barrier() {
+    std::unique_lock<std::mutex> lk(wb_mu_);
+    uint64_t gen = wb_gen_;
+    if (++wb_count_ == num_workers_) {
+      lk.unlock();
+      barrier();
+      lk.lock();
+      wb_count_ = 0;
+      ++wb_gen_;
+      wb_cv_.notify_all();
+    } else {
+      wb_cv_.wait(lk, [&] { return wb_gen_ != gen; });
+    }
+  }
+
+  // --------------------------------------------------- state for save/load
+  std::vector<int64_t> owned_keys() {
+    std::vector<int64_t> out;
+    for (int64_t k = 0; k < num_keys_; ++k)
+      if (state_[k] == OWNED) out.push_back(k);
+    return out;
+  }
+  void read_local(const int64_t* keys, int64_t n, char* out) {
+    int64_t o = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t k = keys[i];
+      std::memcpy(out + o, vals_.data() + off_[k] * isz_, len_[k] * isz_);
+      o += len_[k] * isz_;
+    }
+  }
+  void write_local(const int64_t* keys, int64_t n, const char* in) {
+    int64_t o = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t k = keys[i];
+      std::memcpy(vals_.data() + off_[k] * isz_, in + o, len_[k] * isz_);
+      o += len_[k] * isz_;
+    }
+  }
+  /// Every key back to its home, replicas and intents dropped. Collective;
+  /// the caller guarantees quiescence (barriers around it).
+  void reset_ownership() {
+    Cmd c;
+    c.type = C_SYNC;
+    c.a = 1;  // reset marker, run on the progress thread
+    c.ts = next_ts_++;
+    auto req = std::make_shared<Request>();
+    req->remaining = 1;
+    {
+      std::lock_guard<std::mutex> lk(req_mu_);
+      reqs_[c.ts] = req;
+    }
+    int64_t ts = c.ts;
+    post(std::move(c));
+    wait(ts);
+  }
+
+  /// Ignore replica/relocation grants from now on (the first step of shutdown).
+  void begin_shutdown() { shutting_down_ = true; }
+
+  void stop() {
+    if (!running_.exchange(false)) return;
+    {
+      std::lock_guard<std::mutex> lk(cmd_mu_);
+      cmd_cv_.notify_all();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+  int64_t num_replicas() const { return static_cast<int64_t>(replicas_.size()); }
+
+ private:
+  SpinLock& lock_of(int64_t k) { return locks_[static_cast<size_t>(k) & (kStripes - 1)]; }
+
+  void check_alive() {
+    if (failed_) throw distkit::Error("kvps progress engine failed: " + error_);
+    check<distkit::Error>(running_.load(), "the kvps server was shut down");
+  }
+
+  void register_request(int64_t ts, std::shared_ptr<Request> req, int worker) {
+    std::lock_guard<std::mutex> lk(req_mu_);
+    reqs_[ts] = std::move(req);
+    if (worker >= 0) worker_ts_[worker].push_back(ts);
+  }
+
+  void post(Cmd&& c) {
+    std::lock_guard<std::mutex> lk(cmd_mu_);
+    cmds_.push_back(std::move(c));
+    cmd_cv_.notify_one();
+  }
+
+  // ----------------------------------------------------------- completion
+  void complete(int64_t ts, int64_t count) {
+    std::lock_guard<std::mutex> lk(req_mu_);
+    auto it = reqs_.find(ts);
+    if (it == reqs_.end()) return;
+    auto& r = *it->second;
+    r.remaining -= count;
+    if (r.remaining <= 0 && !r.done) {
+      r.done = true;
+      if (r.internal) {
+        reqs_.erase(it);
+        --internal_pending_;
+      }
+      req_cv_.notify_all();
+    }
+  }
+
+  int64_t new_internal(int64_t remaining) {
+    int64_t ts = next_ts_++;
+    auto req = std::make_shared<Request>();
+    req->remaining = remaining;
+    req->internal = true;
+    std::lock_guard<std::mutex> lk(req_mu_);
+    reqs_[ts] = req;
+    ++internal_pending_;
+    return ts;
+  }
+
+  // ---------------------------------------------------------- messaging
+  using Outbox = std::map<std::tuple<int, int32_t, int32_t, int64_t>, Builder>;
+
+  Builder& out(Outbox& ob, int dest, int32_t type, int32_t origin, int64_t ts) {
+    return ob[std::make_tuple(dest, type, origin, ts)];
+  }
+
+  void add_key(Builder& b, int64_t k, int64_t pos, const char* val) {
+    b.keys.push_back(k);
+    b.pos.push_back(pos);
+    if (val) b.vals.insert(b.vals.end(), val, val + len_[k] * isz_);
+  }
+
+  void flush(Outbox& ob) {
+    for (auto& [key, b] : ob) {
+      auto [dest, type, origin, ts] = key;
+      send(dest, type, origin, ts, b);
+    }
+    ob.clear();
+  }
+
+  void send(int dest, int32_t type, int32_t origin, int64_t ts, const Builder& b) {
+    const int64_t n = static_cast<int64_t>(b.keys.size());
+    const size_t bytes = sizeof(Hdr) + 2 * n * sizeof(int64_t) + b.vals.size();
+    check<distkit::Error>(bytes < static_cast<size_t>(INT32_MAX), "kvps message of ", bytes,
+                          " bytes exceeds 2 GiB; split the operation into smaller batches");
+    auto buf = std::make_unique<std::vector<char>>(bytes);
+    char* p = buf->data();
+    Hdr h{type, origin, ts, n};
+    std::memcpy(p, &h, sizeof(h));
+    p += sizeof(h);
+    if (n) std::memcpy(p, b.keys.data(), n * sizeof(int64_t));
+    p += n * sizeof(int64_t);
+    if (n) std::memcpy(p, b.pos.data(), n * sizeof(int64_t));
+    p += n * sizeof(int64_t);
+    if (!b.vals.empty()) std::memcpy(p, b.vals.data(), b.vals.size());
+    MPI_Request r;
+    distkit::mpi::check(MPI_Isend(buf->data(), static_cast<int>(bytes), MPI_BYTE, dest, kTag, comm_, &r), "MPI_Isend");
+    sends_.push_back(r);
+    send_bufs_.push_back(std::move(buf));
+  }
+
+  void test_sends() {
+    if (sends_.empty()) return;
+    int outcount = 0;
+    idx_.resize(sends_.size());
+    distkit::mpi::check(
+        MPI_Testsome(static_cast<int>(sends_.size()), sends_.data(), &outcount, idx_.data(), MPI_STATUSES_IGNORE),
+        "MPI_Testsome");
+    if (outcount <= 0) return;
+    size_t w = 0;
+    for (size_t i = 0; i < sends_.size(); ++i) {
+      if (sends_[i] == MPI_REQUEST_NULL) continue;
+      sends_[w] = sends_[i];
+      send_bufs_[w] = std::move(send_bufs_[i]);
+      ++w;
+    }
+    sends_.resize(w);
+    send_bufs_.resize(w);
+  }
+
+  // --------------------------------------------------------- progress loop
+  void loop() {
+    int idle = 0;
+    std::vector<char> rbuf;
+    try {
+      while (running_.load() || !sends_.empty()) {
+        bool did = false;
+        std::deque<Cmd> cmds;
+        {
+          std::lock_guard<std::mutex> lk(cmd_mu_);
+          cmds.swap(cmds_);
+        }
+        for (auto& c : cmds) {
+          handle_cmd(c);
+          did = true;
+        }
+        for (int i = 0; i < 64; ++i) {
+          int flag = 0;
+          MPI_Status st;
+          distkit::mpi::check(MPI_Iprobe(MPI_ANY_SOURCE, kTag, comm_, &flag, &st), "MPI_Iprobe");
+          if (!flag) break;
+          int count = 0;
+          MPI_Get_count(&st, MPI_BYTE, &count);
+          rbuf.resize(static_cast<size_t>(count));
+          distkit::mpi::check(MPI_Recv(rbuf.data(), count, MPI_BYTE, st.MPI_SOURCE, kTag, comm_, MPI_STATUS_IGNORE),
+                              "MPI_Recv");
+          handle_msg(st.MPI_SOURCE, rbuf.data());
+          did = true;
+        }
+        test_sends();
+        check_sync_waiters();
+        if (!running_.load()) {
+          if (!sends_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+          continue;
+        }
+        if (did) {
+          idle = 0;
+        } else if (++idle > 200) {
+          const int us = sends_.empty() ? std::min(50 * (idle - 200) + 20, 500) : 20;
+          std::unique_lock<std::mutex> lk(cmd_mu_);
+          cmd_cv_.wait_for(lk, std::chrono::microseconds(us), [&] { return !cmds_.empty() || !running_.load(); });
+        }
+      }
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lk(req_mu_);
+      error_ = e.what();
+      failed_ = true;
+      std::fprintf(stderr, "kvps rank %d: progress engine failed: %s\n", rank_, e.what());
+      req_cv_.notify_all();
+    }
+  }
+
+  void check_sync_waiters() {
+    if (sync_waiters_.empty()) return;
+    int64_t pending;
+    {
+      std::lock_guard<std::mutex> lk(req_mu_);
+      pending = internal_pending_;
+    }
+    if (pending) return;
+    auto w = std::move(sync_waiters_);
+    sync_waiters_.clear();
+    for (int64_t ts : w) complete(ts, 1);
+  }
+
+  void handle_cmd(Cmd& c) {
+    Outbox ob;
+    if (c.type == M_PULL || c.type == M_PUSH || c.type == M_SET) {
+      const char* v = c.vals.data();
+      for (size_t i = 0; i < c.keys.size(); ++i) {
+        int64_t k = c.keys[i];
+        add_key(out(ob, hint_[k], c.type, rank_, c.ts), k, c.pos[i], c.type == M_PULL ? nullptr : v);
+        if (c.type != M_PULL) v += len_[k] * isz_;
+      }
+    } else if (c.type == C_LOCALIZE) {
+      start_localize(c.keys, c.ts, ob);
+    } else if (c.type == C_INTENT) {
+      pending_intents_[c.worker].insert({c.a, IntentEntry{c.a, c.b, std::move(c.keys)}});
+      process_intents(c.worker, ob);
+    } else if (c.type == C_SYNC) {
+      if (c.a == 1) {
+        do_reset();
+        complete(c.ts, 1);
+        return;
+      }
+      for (int w = 0; w < num_workers_; ++w) process_intents(w, ob);
+      sync_replicas(ob);
+      if (c.ts >= 0) sync_waiters_.push_back(c.ts);
+    }
+    flush(ob);
+  }
+
+  // keys: unique; ts: request to complete once per key.
+  void start_localize(const std::vector<int64_t>& keys, int64_t ts, Outbox& ob) {
+    int64_t already = 0;
+    for (int64_t k : keys) {
+      auto& l = lock_of(k);
+      l.lock();
+      uint8_t st = state_[k];
+      if (st == OWNED) {
+        l.unlock();
+        ++already;
+        continue;
+      }
+      if (st != INCOMING) state_[k] = INCOMING;
+      l.unlock();
+      waiters_[k].push_back(ts);
+      if (st != INCOMING) add_key(out(ob, home(k), M_LOCALIZE, rank_, 0), k, 0, nullptr);
+    }
+    if (already) complete(ts, already);
+  }
+
+  void process_intents(int w, Outbox& ob) {
+    const int64_t c = clocks_[w].load();
+    std::vector<int64_t> add, drop;
+    auto& pend = pending_intents_[w];
+    auto& act = active_intents_[w];
+    while (!pend.empty() && pend.begin()->first <= c + lookahead_) {
+      IntentEntry e = std::move(pend.begin()->second);
+      pend.erase(pend.begin());
+      if (e.end <= c) continue;
+      for (int64_t k : e.keys)
+        if (want_[k]++ == 0) add.push_back(k);
+      int64_t end = e.end;
+      act.insert({end, std::move(e)});
+    }
+    while (!act.empty() && act.begin()->first <= c) {
+      IntentEntry e = std::move(act.begin()->second);
+      act.erase(act.begin());
+      for (int64_t k : e.keys)
+        if (--want_[k] == 0) drop.push_back(k);
+    }
+    if (!add.empty()) send_intent(M_INTENT_ADD, add, ob);
+    if (!drop.empty()) {
+      std::vector<int64_t> flushk;
+      for (int64_t k : drop) {
+        if (want_[k] != 0) continue;  // re-added in this round
+        auto& l = lock_of(k);
+        l.lock();
+        if (state_[k] == REPLICA) {
+          state_[k] = NOT_HERE;
+          flags_[k] &= ~F_DELTA;
+          replicas_.erase(k);
+          flushk.push_back(k);
+          Builder& b = flush_builder_;
+          add_key(b, k, 0, delta_.data() + off_[k] * isz_);
+          std::memset(delta_.data() + off_[k] * isz_, 0, len_[k] * isz_);
+        }
+        l.unlock();
+      }
+      if (!flushk.empty()) {
+        // route each flushed delta to its hinted owner as an internal push
+        std::map<int, Builder> per;
+        const char* v = flush_builder_.vals.data();
+        for (int64_t k : flushk) {
+          add_key(per[hint_[k]], k, 0, v);
+          v += len_[k] * isz_;
+        }
+        flush_builder_ = Builder{};
+        for (auto& [dest, b] : per) {
+          int64_t ts = new_internal(static_cast<int64_t>(b.keys.size()));
+          Builder& o = out(ob, dest, M_IPUSH, rank_, ts);
+          o.keys.insert(o.keys.end(), b.keys.begin(), b.keys.end());
+          o.pos.insert(o.pos.end(), b.pos.begin(), b.pos.end());
+          o.vals.insert(o.vals.end(), b.vals.begin(), b.vals.end());
+        }
+      }
+      send_intent(M_INTENT_DROP, drop, ob);
+    }
+  }
+
+  void send_intent(int32_t type, const std::vector<int64_t>& keys, Outbox& ob) {
+    std::map<int, std::vector<int64_t>> per;
+    for (int64_t k : keys) per[home(k)].push_back(k);
+    for (auto& [dest, ks] : per) {
+      int64_t ts = new_internal(1);
+      Builder& b = out(ob, dest, type, rank_, ts);
+      for (int64_t k : ks) add_key(b, k, 0, nullptr);
+    }
+  }
+
+  void sync_replicas(Outbox& ob) {
+    if (replicas_.empty()) return;
+    std::map<int, Builder> per;
+    for (int64_t k : replicas_) {
+      if (flags_[k] & F_SYNCING) continue;
+      auto& l = lock_of(k);
+      l.lock();
+      if (state_[k] == REPLICA) {
+        flags_[k] |= F_SYNCING;
+        char* d = delta_.data() + off_[k] * isz_;
+        add_key(per[hint_[k]], k, 0, d);
+        std::memset(d, 0, len_[k] * isz_);
+      }
+      l.unlock();
+    }
+    for (auto& [dest, b] : per) {
+      int64_t ts = new_internal(static_cast<int64_t>(b.keys.size()));
+      Builder& o = out(ob, dest, M_RSYNC, rank_, ts);
+      o = std::move(b);
+    }
+  }
+
+  void do_reset() {
+    for (int64_t k = 0; k < num_keys_; ++k) {
+      int h = home(k);
+      hint_[k] = h;
+      owner_[k] = h;
+      state_[k] = h == rank_ ? OWNED : NOT_HERE;
+      flags_[k] = 0;
+      want_[k] = 0;
+      if (h != rank_) {
+        // drop stale replica/foreign values so the arena does not keep pages
+        std::memset(delta_.data() + off_[k] * isz_, 0, len_[k] * isz_);
+      }
+    }
+    replicas_.clear();
+    intenders_.clear();
+    waiters_.clear();
+    pending_.clear();
+    for (auto& p : pending_intents_) p.clear();
+    for (auto& a : active_intents_) a.clear();
+  }
+
+  // -------------------------------------------------------- message handling
+  void handle_msg(int src, const char* buf) {
+    Hdr h;
+    std::memcpy(&h, buf, sizeof(h));
+    const int64_t* keys = reinterpret_cast<const int64_t*>(buf + sizeof(Hdr));
+    const int64_t* pos = keys + h.n;
+    const char* v = reinterpret_cast<const char*>(pos + h.n);
+    Outbox ob;
+    switch (h.type) {
+      case M_PULL:
+      case M_PUSH:
+      case M_SET:
+      case M_IPUSH:
+      case M_FETCH:
+      case M_RSYNC:
+        for (int64_t i = 0; i < h.n; ++i) {
+          const int64_t k = keys[i];
+          serve(h.type, h.origin, h.ts, pos[i], k, carries_values(h.type) ? v : nullptr, ob);
+          if (carries_values(h.type)) v += len_[k] * isz_;
+        }
+        break;
+      case M_PULL_RESP: {
+        std::shared_ptr<Request> req;
+        {
+          std::lock_guard<std::mutex> lk(req_mu_);
+          auto it = reqs_.find(h.ts);
+          if (it != reqs_.end()) req = it->second;
+        }
+        for (int64_t i = 0; i < h.n; ++i) {
+          const int64_t k = keys[i];
+          if (req) std::memcpy(req->out + req->out_off[pos[i]], v, len_[k] * isz_);
+          v += len_[k] * isz_;
+          hint_[k] = src;
+        }
+        complete(h.ts, h.n);
+        break;
+      }
+      case M_ACK:
+        for (int64_t i = 0; i < h.n; ++i) hint_[keys[i]] = src;
+        complete(h.ts, h.n);
+        break;
+      case M_FETCH_RESP:
+        for (int64_t i = 0; i < h.n; ++i) {
+          const int64_t k = keys[i];
+          hint_[k] = src;
+          flags_[k] &= ~F_FETCHING;
+          auto& l = lock_of(k);
+          l.lock();
+          if (state_[k] == NOT_HERE && want_[k] > 0 && !shutting_down_) {
+            std::memcpy(vals_.data() + off_[k] * isz_, v, len_[k] * isz_);
+            std::memset(delta_.data() + off_[k] * isz_, 0, len_[k] * isz_);
+            flags_[k] |= F_DELTA;
+            state_[k] = REPLICA;
+            replicas_.insert(k);
+          }
+          l.unlock();
+          v += len_[k] * isz_;
+        }
+        complete(h.ts, h.n);
+        break;
+      case M_RSYNC_RESP:
+        for (int64_t i = 0; i < h.n; ++i) {
+          const int64_t k = keys[i];
+          hint_[k] = src;
+          flags_[k] &= ~F_SYNCING;
+          auto& l = lock_of(k);
+          l.lock();
+          if (state_[k] == REPLICA) {
+            char* slot = vals_.data() + off_[k] * isz_;
+            std::memcpy(slot, v, len_[k] * isz_);
+            add_(slot, delta_.data() + off_[k] * isz_, len_[k]);
+          }
+          l.unlock();
+          v += len_[k] * isz_;
+        }
+        complete(h.ts, h.n);
+        break;
+      case M_LOCALIZE:
+        for (int64_t i = 0; i < h.n; ++i) {
+          const int64_t k = keys[i];
+          const int prev = owner_[k];
+          if (prev == h.origin) {
+            std::fprintf(stderr, "kvps rank %d: localize of key %lld by its owner %d ignored\n", rank_,
+                         static_cast<long long>(k), prev);
+            continue;
+          }
+          owner_[k] = h.origin;
+          add_key(out(ob, prev, M_TRANSFER, rank_, 0), k, h.origin, nullptr);
+        }
+        break;
+      case M_TRANSFER:
+        for (int64_t i = 0; i < h.n; ++i) serve(M_TRANSFER, static_cast<int32_t>(pos[i]), 0, pos[i], keys[i], nullptr, ob);
+        break;
+      case M_HANDOVER:
+        for (int64_t i = 0; i < h.n; ++i) {
+          const int64_t k = keys[i];
+          handover(k, v, ob);
+          v += len_[k] * isz_;
+        }
+        break;
+      case M_INTENT_ADD:
+      case M_INTENT_DROP:
+        home_intent(h.type, h.origin, keys, h.n, ob);
+        add_key(out(ob, h.origin, M_INTENT_ACK, rank_, h.ts), 0, 0, nullptr);
+        break;
+      case M_INTENT_ACK:
+        complete(h.ts, 1);
+        break;
+      case M_RELOC_GRANT: {
+        std::vector<int64_t> todo;
+        for (int64_t i = 0; i < h.n; ++i) {
+          const int64_t k = keys[i];
+          if (shutting_down_ || want_[k] == 0) continue;
+          uint8_t st = key_state(k);
+          if (st == NOT_HERE || st == REPLICA) todo.push_back(k);
+        }
+        if (!todo.empty()) start_localize(todo, new_internal(static_cast<int64_t>(todo.size())), ob);
+        break;
+      }
+      case M_REPL_GRANT: {
+        std::map<int, std::vector<int64_t>> per;
+        for (int64_t i = 0; i < h.n; ++i) {
+          const int64_t k = keys[i];
+          if (shutting_down_ || want_[k] == 0 || (flags_[k] & F_FETCHING)) continue;
+          if (key_state(k) != NOT_HERE) continue;
+          flags_[k] |= F_FETCHING;
+          per[hint_[k]].push_back(k);
+        }
+        for (auto& [dest, ks] : per) {
+          int64_t ts = new_internal(static_cast<int64_t>(ks.size()));
+          Builder& b = out(ob, dest, M_FETCH, rank_, ts);
+          for (int64_t k : ks) add_key(b, k, 0, nullptr);
+        }
+        break;
+      }
+      default:
+        throw distkit::Error(str("kvps: unknown message type ", h.type, " from rank ", src));
+    }
+    flush(ob);
+  }
+
+  void home_intent(int32_t type, int32_t r, const int64_t* keys, int64_t n, Outbox& ob) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t k = keys[i];
+      auto& set = intenders_[k];
+      if (type == M_INTENT_ADD) {
+        set.push_back(r);
+        if (tech_ == T_RELOC_ONLY) {
+          if (set.size() == 1 && owner_[k] != r) add_key(out(ob, r, M_RELOC_GRANT, rank_, 0), k, 0, nullptr);
+        } else if (tech_ == T_REPL_ONLY) {
+          if (owner_[k] != r) add_key(out(ob, r, M_REPL_GRANT, rank_, 0), k, 0, nullptr);
+        } else if (tech_ == T_ALL) {
+          if (set.size() == 1) {
+            if (owner_[k] != r) add_key(out(ob, r, M_RELOC_GRANT, rank_, 0), k, 0, nullptr);
+          } else {
+            for (int q : set)
+              if (q != owner_[k]) add_key(out(ob, q, M_REPL_GRANT, rank_, 0), k, 0, nullptr);
+          }
+        }
+      } else {
+        auto it = std::find(set.begin(), set.end(), r);
+        if (it != set.end()) set.erase(it);
+        if (tech_ == T_ALL && set.size() == 1 && owner_[k] != set[0])
+          add_key(out(ob, set[0], M_RELOC_GRANT, rank_, 0), k, 0, nullptr);
+        if (set.empty()) intenders_.erase(k);
+      }
+    }
+  }
+
+  /// Serve, queue or forward one key-level operation.
+  void serve(int32_t type, int32_t origin, int64_t ts, int64_t pos, int64_t k, const char* val, Outbox& ob) {
+    auto& l = lock_of(k);
+    l.lock();
+    const uint8_t st = state_[k];
+    char* slot = vals_.data() + off_[k] * isz_;
+    const size_t bytes = static_cast<size_t>(len_[k] * isz_);
+    if (st == OWNED) {
+      switch (type) {
+        case M_PULL:
+          add_key(out(ob, origin, M_PULL_RESP, rank_, ts), k, pos, slot);
+          break;
+        case M_FETCH:
+          add_key(out(ob, origin, M_FETCH_RESP, rank_, ts), k, pos, slot);
+          break;
+        case M_PUSH:
+        case M_IPUSH:
+          add_(slot, val, len_[k]);
+          add_key(out(ob, origin, M_ACK, rank_, ts), k, pos, nullptr);
+          break;
+        case M_SET:
+          std::memcpy(slot, val, bytes);
+          add_key(out(ob, origin, M_ACK, rank_, ts), k, pos, nullptr);
+          break;
+        case M_RSYNC:
+          add_(slot, val, len_[k]);
+          add_key(out(ob, origin, M_RSYNC_RESP, rank_, ts), k, pos, slot);
+          break;
+        case M_TRANSFER:
+          add_key(out(ob, origin, M_HANDOVER, rank_, 0), k, 0, slot);
+          state_[k] = NOT_HERE;
+          hint_[k] = origin;
+          break;
+        default:
+          break;
+      }
+      l.unlock();
+      return;
+    }
+    l.unlock();
+    if (st == INCOMING) {
+      PendingOp p{type, origin, ts, pos, {}};
+      if (val) p.val.assign(val, val + bytes);
+      pending_[k].push_back(std::move(p));
+      return;
+    }
+    if (type == M_TRANSFER) {
+      throw distkit::Error(str("kvps: transfer of key ", k, " reached rank ", rank_, " which does not hold it"));
+    }
+    const int next = home(k) == rank_ ? owner_[k] : home(k);
+    if (next == rank_) throw distkit::Error(str("kvps: routing loop for key ", k, " on rank ", rank_));
+    add_key(out(ob, next, type, origin, ts), k, pos, val);
+  }
+
+  void handover(int64_t k, const char* v, Outbox& ob) {
+    auto& l = lock_of(k);
+    l.lock();
+    char* slot = vals_.data() + off_[k] * isz_;
+    std::memcpy(slot, v, len_[k] * isz_);
+    if (flags_[k] & F_DELTA) {
+      char* d = delta_.data() + off_[k] * isz_;
+      add_(slot, d, len_[k]);
+      std::memset(d, 0, len_[k] * isz_);
+      flags_[k] &= ~F_DELTA;
+    }
+    state_[k] = OWNED;
+    hint_[k] = rank_;
+    l.unlock();
+    replicas_.erase(k);
+    auto w = waiters_.find(k);
+    if (w != waiters_.end()) {
+      auto ts = std::move(w->second);
+      waiters_.erase(w);
+      for (int64_t t : ts) complete(t, 1);
+    }
+    auto p = pending_.find(k);
+    if (p != pending_.end()) {
+      auto ops = std::move(p->second);
+      pending_.erase(p);
+      for (auto& op : ops) serve(op.type, op.origin, op.ts, op.pos, k, op.val.empty() ? nullptr : op.val.data(), ob);
+    }
+  }
+
+  static constexpr uint8_t F_DELTA = 1, F_FETCHING = 2, F_SYNCING = 4;
+
+  MPI_Comm comm_, coll_;
+  int rank_ = 0, size_ = 1;
+  int64_t num_keys_;
+  distkit::DType dtype_;
+  int64_t isz_ = 4;
+  int num_workers_;
+  int tech_;
+  int64_t lookahead_;
+  bool uniform_ = true;
+  std::vector<int64_t> len_, off_;
+  Arena vals_, delta_;
+  std::vector<uint8_t> state_, flags_;
+  std::vector<int32_t> hint_, owner_;
+  std::vector<uint16_t> want_;
+  SpinLock locks_[kStripes];
+  void (*add_)(char*, const char*, int64_t) = nullptr;
+
+  std::atomic<int64_t> next_ts_{0};
+  std::mutex req_mu_;
+  std::condition_variable req_cv_;
+  std::unordered_map<int64_t, std::shared_ptr<Request>> reqs_;
+  std::vector<std::vector<int64_t>> worker_ts_;
+  int64_t internal_pending_ = 0;
+  bool failed_ = false;
+  std::string error_;
+
+  std::mutex cmd_mu_;
+  std::condition_variable cmd_cv_;
+  std::deque<Cmd> cmds_;
+
+  std::vector<std::atomic<int64_t>> clocks_;
+  std::vector<std::multimap<int64_t, IntentEntry>> pending_intents_, active_intents_;
+  std::unordered_map<int64_t, std::vector<int32_t>> intenders_;
+  std::unordered_map<int64_t, std::vector<int64_t>> waiters_;
+  std::unordered_map<int64_t, std::vector<PendingOp>> pending_;
+  std::unordered_set<int64_t> replicas_;
+  std::vector<int64_t> sync_waiters_;
+  Builder flush_builder_;
+  std::atomic<bool> shutting_down_{false};
+
+  std::vector<MPI_Request> sends_;
+  std::vector<std::unique_ptr<std::vector<char>>> send_bufs_;
+  std::vector<int> idx_;
+
+  std::mutex wb_mu_;
+  std::condition_variable wb_cv_;
+  int wb_count_ = 0;
+  uint64_t wb_gen_ = 0;
+
+  std::atomic<bool> running_{false};
+  std::thread thread_;
+};
+
+}  // namespace kvps

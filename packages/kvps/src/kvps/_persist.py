@@ -1,0 +1,164 @@
+"""Checkpoints of the server state: raw bytes + JSON metadata, no pickle.
+
+Layout of a checkpoint directory::
+
+    meta.json            {"format": "kvps-1", "num_keys", "dtype", "num_shards", "shard_keys": [...]}
+    lengths.bin          int64[num_keys], the value length of every key
+    shard-<r>.keys       int64 keys owned by rank r when saved
+    shard-<r>.vals       their values, concatenated in key order (raw bytes of the dtype)
+
+Saving writes into a temporary sibling directory, fsyncs every file and the
+directory, then renames it into place (an existing checkpoint is replaced by a
+second rename). Loading reads every shard and keeps each key on its home rank,
+so a checkpoint loads into any number of ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from ._server import Server
+
+FORMAT = "kvps-1"
+_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _write(path: Path, data: np.ndarray) -> None:
+    with open(path, "wb") as f:
+        f.write(memoryview(np.ascontiguousarray(data)).cast("B"))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(server: Server, path: Any) -> None:
+    """Collective atomic save of ``server`` to directory ``path`` (see the module docstring)."""
+    eng = server._engine
+    coll = server._coll
+    rank = server.my_rank()
+    target = Path(path)
+    eng.wait_sync()  # replica deltas reach their owners
+    eng.barrier()
+    tmp_name = None
+    err = None
+    if rank == 0:
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.parent / f".{target.name}.tmp-{secrets.token_hex(8)}"
+            tmp.mkdir()
+            tmp_name = str(tmp)
+        except OSError as e:
+            err = e
+    tmp_name = coll.bcast(tmp_name if err is None else None, root=0)
+    if tmp_name is None:
+        raise OSError(f"cannot create a temporary checkpoint directory next to {target}: {err}")
+    tmp = Path(tmp_name)
+    keys = eng.owned_keys()
+    count = int(server.lengths[keys].sum()) if len(keys) else 0
+    vals = torch.empty(count, dtype=server.dtype)
+    if len(keys):
+        eng.read_local(int(keys.ctypes.data), len(keys), vals.data_ptr())
+    ok = True
+    try:
+        _write(tmp / f"shard-{rank}.keys", keys)
+        _write(tmp / f"shard-{rank}.vals", vals.view(torch.uint8).numpy())
+    except OSError:
+        ok = False
+    counts = coll.gather(len(keys) if ok else -1, root=0)
+    if rank == 0:
+        assert counts is not None
+        if all(c >= 0 for c in counts):
+            try:
+                _write(tmp / "lengths.bin", server.lengths)
+                meta = {
+                    "format": FORMAT,
+                    "num_keys": server.num_keys,
+                    "dtype": _NAMES[server.dtype],
+                    "num_shards": len(counts),
+                    "shard_keys": counts,
+                }
+                with open(tmp / "meta.json", "w") as f:
+                    json.dump(meta, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                _fsync_dir(tmp)
+                old = None
+                if target.exists():
+                    old = target.parent / f".{target.name}.old-{secrets.token_hex(8)}"
+                    os.rename(target, old)
+                os.rename(tmp, target)
+                _fsync_dir(target.parent)
+                if old is not None:
+                    shutil.rmtree(old, ignore_errors=True)
+            except OSError as e:
+                err = e
+        else:
+            err = OSError("a rank failed to write its shard")
+        if err is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    failed = coll.bcast(None if err is None else str(err), root=0)
+    if failed is not None:
+        raise OSError(f"saving the kvps checkpoint to {target} failed: {failed}")
+
+
+def load(server: Server, path: Any) -> None:
+    """Collective load of the checkpoint in ``path`` into ``server`` (any saved rank count)."""
+    eng = server._engine
+    src = Path(path)
+    try:
+        with open(src / "meta.json") as f:
+            meta = json.load(f)
+        lengths = np.fromfile(src / "lengths.bin", dtype=np.int64)
+    except (OSError, ValueError) as e:
+        raise OSError(f"cannot read the kvps checkpoint in {src}: {e}") from e
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{src} is not a kvps checkpoint (format {meta.get('format')!r})")
+    if meta["num_keys"] != server.num_keys:
+        raise ValueError(f"checkpoint has {meta['num_keys']} keys, the server {server.num_keys}")
+    if meta["dtype"] != _NAMES[server.dtype]:
+        raise ValueError(f"checkpoint dtype {meta['dtype']} differs from the server's {_NAMES[server.dtype]}")
+    if lengths.shape != server.lengths.shape or not np.array_equal(lengths, server.lengths):
+        raise ValueError("checkpoint value lengths differ from the server's value_lengths")
+    rank, size = server.my_rank(), server.num_ranks()
+    isz = torch.empty(0, dtype=server.dtype).element_size()
+    shards = []
+    for r in range(int(meta["num_shards"])):
+        keys = np.fromfile(src / f"shard-{r}.keys", dtype=np.int64)
+        raw = np.fromfile(src / f"shard-{r}.vals", dtype=_UINT[isz])
+        if keys.shape[0] != meta["shard_keys"][r] or raw.shape[0] != int(lengths[keys].sum()):
+            raise ValueError(f"checkpoint shard {r} in {src} is truncated or corrupt")
+        shards.append((keys, raw))
+    eng.wait_sync()
+    eng.barrier()
+    eng.reset_ownership()
+    eng.barrier()
+    for keys, raw in shards:
+        lens = lengths[keys]
+        starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+        mask = keys % size == rank
+        sel = np.ascontiguousarray(keys[mask])
+        if not len(sel):
+            continue
+        slens = lens[mask]
+        dst_starts = np.concatenate([[0], np.cumsum(slens)[:-1]]).astype(np.int64)
+        idx = np.arange(int(slens.sum()), dtype=np.int64) + np.repeat(starts[mask] - dst_starts, slens)
+        vals = np.ascontiguousarray(raw[idx])
+        eng.write_local(int(sel.ctypes.data), len(sel), int(vals.ctypes.data))
+    eng.barrier()

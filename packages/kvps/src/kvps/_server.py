@@ -1,0 +1,610 @@
+"""``setup``, ``Server`` and ``Worker``: the AdaPM-style API over the native engine."""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from distkit_common.validate import check_int
+from mpi4py import MPI
+
+from . import _kvps
+from ._args import as_keys, as_values
+
+TECHNIQUES = {"all": 0, "replication_only": 1, "relocation_only": 2, "none": 3}
+_DTYPES = {torch.float32: 2, torch.float64: 3, torch.float16: 0, torch.bfloat16: 1}
+_PULL, _PUSH, _SET = 1, 2, 3
+
+
+@dataclass
+class _Config:
+    num_keys: int
+    num_threads: int
+    technique: str
+
+
+_config: _Config | None = None
+_live: weakref.WeakSet[Server] = weakref.WeakSet()
+
+
+def setup(num_keys: int, num_threads: int = 1, use_techniques: str = "all") -> None:
+    """Configure the parameter server before creating the :class:`Server`.
+
+    Parameters
+    ----------
+    num_keys : int
+        Number of keys; keys are ``0 .. num_keys-1``.
+    num_threads : int
+        Number of worker threads (``Worker`` customer ids) per rank.
+    use_techniques : {"all", "replication_only", "relocation_only", "none"}
+        Which intent-driven techniques the server uses: relocation to a single
+        intending rank and replication for several ("all"), only one of them,
+        or none (a classic static parameter server; ``localize`` still works).
+
+    Raises
+    ------
+    TypeError
+        ``num_keys`` or ``num_threads`` is not an int.
+    ValueError
+        A value is out of range or ``use_techniques`` is unknown.
+    """
+    global _config
+    n = check_int(num_keys, "num_keys", lo=1)
+    t = check_int(num_threads, "num_threads", lo=1, hi=1025)
+    if not isinstance(use_techniques, str) or use_techniques not in TECHNIQUES:
+        raise ValueError(f"use_techniques must be one of {sorted(TECHNIQUES)}, got {use_techniques!r}")
+    _config = _Config(n, t, use_techniques)
+
+
+def _lengths_array(value_lengths: Any, num_keys: int) -> np.ndarray:
+    if isinstance(value_lengths, (bool, np.bool_)):
+        raise TypeError(f"value_lengths must be an int or a 1-D integer array, got {value_lengths!r}")
+    if isinstance(value_lengths, (int, np.integer)):
+        v = int(value_lengths)
+        if v < 1:
+            raise ValueError(f"value_lengths must be >= 1, got {v}")
+        return np.full(num_keys, v, dtype=np.int64)
+    if isinstance(value_lengths, torch.Tensor):
+        value_lengths = value_lengths.detach().cpu().numpy()
+    if not isinstance(value_lengths, np.ndarray):
+        raise TypeError(f"value_lengths must be an int or a 1-D integer array, got {type(value_lengths).__name__}")
+    if value_lengths.dtype.kind not in "iu":
+        raise TypeError(f"value_lengths must have an integer dtype, got {value_lengths.dtype}")
+    if value_lengths.ndim != 1 or value_lengths.shape[0] != num_keys:
+        raise ValueError(f"value_lengths must have shape ({num_keys},) (one length per key), got {value_lengths.shape}")
+    arr = np.ascontiguousarray(value_lengths, dtype=np.int64)
+    if num_keys and int(arr.min()) < 1:
+        pos = int(np.nonzero(arr < 1)[0][0])
+        raise ValueError(f"value_lengths[{pos}] = {int(arr[pos])} must be >= 1")
+    return arr
+
+
+class Server:
+    """The rank's shard of the parameter server (one per process; collective).
+
+    Parameters
+    ----------
+    value_lengths : int or 1-D integer array/tensor
+        The value length of every key (an int: the same for all keys).
+    dtype : torch.dtype
+        Value dtype: float32 (default), float64, float16 or bfloat16.
+    intent_lookahead : int
+        An intent for clock ``c`` takes effect once the worker's clock reaches
+        ``c - intent_lookahead`` (so the key is local when used).
+    comm : mpi4py.MPI.Comm, optional
+        The communicator to span (duplicated); ``MPI.COMM_WORLD`` by default.
+
+    Raises
+    ------
+    RuntimeError
+        ``kvps.setup`` was not called, or MPI does not provide ``MPI_THREAD_MULTIPLE``.
+    TypeError, ValueError
+        Bad ``value_lengths`` or ``dtype``.
+    """
+
+    def __init__(
+        self,
+        value_lengths: Any,
+        *,
+        dtype: torch.dtype = torch.float32,
+        intent_lookahead: int = 2,
+        comm: Any = None,
+    ) -> None:
+        if _config is None:
+            raise RuntimeError("call kvps.setup(num_keys, num_threads, use_techniques) before creating a Server")
+        self._cfg = _config
+        if dtype not in _DTYPES:
+            raise TypeError(f"dtype must be one of {list(_DTYPES)}, got {dtype!r}")
+        self.dtype: torch.dtype = dtype
+        self.lookahead = check_int(intent_lookahead, "intent_lookahead", lo=0)
+        self.lengths = _lengths_array(value_lengths, self._cfg.num_keys)
+        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            raise RuntimeError(
+                "kvps needs MPI_THREAD_MULTIPLE; mpi4py initialised MPI with a lower thread level "
+                "(do not set mpi4py.rc.thread_level below 'multiple')"
+            )
+        base = MPI.COMM_WORLD if comm is None else comm
+        self._comm = base.Dup()
+        self._coll = base.Dup()
+        self._engine: Any = _kvps.Engine(
+            MPI._handleof(self._comm),
+            MPI._handleof(self._coll),
+            self._cfg.num_keys,
+            int(self.lengths.ctypes.data),
+            _DTYPES[dtype],
+            self._cfg.num_threads,
+            TECHNIQUES[self._cfg.technique],
+            self.lookahead,
+        )
+        self._closed = False
+        self._sampling: _SamplingConfig | None = None
+        _live.add(self)
+
+    # ---------------------------------------------------------------- info
+    @property
+    def num_keys(self) -> int:
+        """Number of keys."""
+        return self._cfg.num_keys
+
+    @property
+    def num_threads(self) -> int:
+        """Worker threads per rank (from ``setup``)."""
+        return self._cfg.num_threads
+
+    @property
+    def technique(self) -> str:
+        """The ``use_techniques`` setting."""
+        return self._cfg.technique
+
+    def my_rank(self) -> int:
+        """This process's rank."""
+        return int(self._engine.rank)
+
+    def num_ranks(self) -> int:
+        """Number of ranks holding shards."""
+        return int(self._engine.size)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the kvps Server was shut down")
+
+    def barrier(self) -> None:
+        """Block until every rank reached this barrier (releases the GIL).
+
+        Raises
+        ------
+        RuntimeError
+            After ``shutdown``.
+        """
+        self._check_open()
+        self._engine.barrier()
+
+    def enable_sampling_support(
+        self,
+        scheme: str = "naive",
+        with_replacement: bool = True,
+        distribution: str = "uniform",
+        min_key: int = 0,
+        max_key: int | None = None,
+        seed: int | None = None,
+    ) -> None:
+        """Enable ``prepare_sample`` / ``pull_sample`` on this rank's workers.
+
+        Parameters
+        ----------
+        scheme : {"naive", "preloc"}
+            "naive" pulls the sampled keys where they are; "preloc" signals
+            intent for them over the sample's clock window, so they are
+            relocated/replicated here before use.
+        with_replacement : bool
+            Draw keys with replacement (else the keys of one sample are distinct).
+        distribution : {"uniform"}
+            Sampling distribution over ``[min_key, max_key)``.
+        min_key, max_key : int
+            The key range to sample from (``max_key`` defaults to ``num_keys``).
+        seed : int, optional
+            Seed of the sampler (a rank-dependent default otherwise).
+
+        Raises
+        ------
+        ValueError
+            Unknown scheme/distribution or an empty/out-of-range key range.
+        """
+        self._check_open()
+        if scheme not in ("naive", "preloc"):
+            raise ValueError(f"scheme must be 'naive' or 'preloc', got {scheme!r}")
+        if distribution != "uniform":
+            raise ValueError(f"distribution must be 'uniform', got {distribution!r}")
+        hi = self.num_keys if max_key is None else check_int(max_key, "max_key", lo=1, hi=self.num_keys + 1)
+        lo = check_int(min_key, "min_key", lo=0, hi=hi)
+        s = (12345 + 7919 * self.my_rank()) if seed is None else check_int(seed, "seed", lo=0)
+        self._sampling = _SamplingConfig(scheme, bool(with_replacement), lo, hi, s)
+
+    def save(self, path: Any) -> None:
+        """Write the whole server state to directory ``path`` (collective, atomic).
+
+        Call it when no worker is pushing. See :mod:`kvps._persist`.
+
+        Raises
+        ------
+        OSError
+            The directory cannot be written.
+        """
+        from ._persist import save
+
+        self._check_open()
+        save(self, path)
+
+    def load(self, path: Any) -> None:
+        """Replace the server state by the checkpoint in ``path`` (collective).
+
+        The checkpoint may come from a different number of ranks. Ownership is
+        reset to the home ranks; replicas and intents are dropped.
+
+        Raises
+        ------
+        ValueError
+            The checkpoint does not match ``num_keys``/``value_lengths``/``dtype``.
+        OSError
+            The checkpoint cannot be read.
+        """
+        from ._persist import load
+
+        self._check_open()
+        load(self, path)
+
+    def shutdown(self) -> None:
+        """Flush replica deltas, stop the progress engine and free the communicators (collective)."""
+        if self._closed:
+            return
+        eng = self._engine
+        eng.wait_sync()
+        eng.barrier()
+        eng.begin_shutdown()
+        eng.wait_sync()
+        eng.barrier()
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._engine.stop()
+        for c in (self._comm, self._coll):
+            try:
+                c.Free()
+            except MPI.Exception:  # pragma: no cover - MPI already finalised
+                pass
+
+
+@dataclass
+class _SamplingConfig:
+    scheme: str
+    with_replacement: bool
+    lo: int
+    hi: int
+    seed: int
+
+
+@atexit.register
+def _stop_all() -> None:  # pragma: no cover - exercised at interpreter exit
+    for s in list(_live):
+        if not s._closed:
+            s._closed = True
+            s._engine.stop()
+
+
+class Worker:
+    """A worker (customer) thread's handle on the parameter server.
+
+    Parameters
+    ----------
+    customer_id : int
+        In ``[0, num_threads)``; each worker thread of a rank uses its own id.
+    server : Server
+        This rank's server.
+
+    Raises
+    ------
+    TypeError
+        ``server`` is not a Server or ``customer_id`` not an int.
+    ValueError
+        ``customer_id`` out of range.
+    """
+
+    def __init__(self, customer_id: int, server: Server) -> None:
+        if not isinstance(server, Server):
+            raise TypeError(f"server must be a kvps.Server, got {type(server).__name__}")
+        self.customer_id = check_int(customer_id, "customer_id", lo=0, hi=server.num_threads)
+        self.server = server
+        self._e = server._engine
+        self._keep: dict[int, tuple[Any, Any]] = {}
+        self._lock = threading.Lock()
+        self._samples: dict[int, list[Any]] = {}
+        self._next_sample = 0
+        self._rng: np.random.Generator | None = None
+
+    @property
+    def num_keys(self) -> int:
+        """Number of keys."""
+        return self.server.num_keys
+
+    def get_key_size(self, key: int) -> int:
+        """Value length of ``key``.
+
+        Raises
+        ------
+        IndexError
+            ``key`` out of range.
+        """
+        k = int(key) if isinstance(key, (int, np.integer)) and not isinstance(key, bool) else None
+        if k is None:
+            raise TypeError(f"key must be an int, got {type(key).__name__}")
+        if not 0 <= k < self.num_keys:
+            raise IndexError(f"key {k} is out of range [0, {self.num_keys})")
+        return int(self.server.lengths[k])
+
+    def _op(self, op: int, keys: Any, vals: Any, asynchronous: Any) -> int:
+        self.server._check_open()
+        if not isinstance(asynchronous, (bool, np.bool_)):
+            raise TypeError(f"asynchronous must be a bool, got {type(asynchronous).__name__}")
+        kp, n, kkeep = as_keys(keys, self.num_keys)
+        count = int(self._e.value_count(kp, n))
+        vp, vkeep = as_values(vals, self.server.dtype, count, writable=(op == _PULL))
+        ts = int(self._e.op(op, self.customer_id, kp, n, vp))
+        if ts < 0:
+            return -1
+        if asynchronous:
+            with self._lock:
+                self._keep[ts] = (kkeep, vkeep)
+        else:
+            self._e.wait(ts)
+        return ts
+
+    def pull(self, keys: Any, vals: Any, asynchronous: bool = False) -> int:
+        """Read the values of ``keys`` into the flat buffer ``vals`` (in place).
+
+        Parameters
+        ----------
+        keys : 1-D int64 numpy array or CPU tensor
+            Keys (duplicates allowed).
+        vals : 1-D contiguous numpy array or CPU tensor of the server dtype
+            Receives the values, concatenated in key order; its length must be
+            the sum of the keys' value lengths. With ``asynchronous=True`` it is
+            filled once ``wait(ts)`` returns (keep it alive until then).
+        asynchronous : bool
+            Return at once instead of waiting.
+
+        Returns
+        -------
+        int
+            A timestamp for ``wait``; -1 when every key was answered locally.
+
+        Raises
+        ------
+        TypeError
+            Wrong key or value dtype (float keys are refused).
+        ValueError
+            Wrong dimensionality, device, contiguity or length.
+        IndexError
+            A key is negative or out of range.
+        """
+        return self._op(_PULL, keys, vals, asynchronous)
+
+    def push(self, keys: Any, vals: Any, asynchronous: bool = False) -> int:
+        """Add ``vals`` to the values of ``keys``.
+
+        Duplicate keys in one push accumulate (each occurrence is added). The
+        buffer may be reused as soon as ``push`` returns (it is copied).
+
+        Returns
+        -------
+        int
+            A timestamp for ``wait``; -1 when applied locally.
+
+        Raises
+        ------
+        TypeError, ValueError, IndexError
+            As for :meth:`pull`.
+        """
+        return self._op(_PUSH, keys, vals, asynchronous)
+
+    def set(self, keys: Any, vals: Any, asynchronous: bool = False) -> int:
+        """Overwrite the values of ``keys`` with ``vals`` (at the owner; replicas catch up at the next sync).
+
+        Returns
+        -------
+        int
+            A timestamp for ``wait``; -1 when applied locally.
+
+        Raises
+        ------
+        TypeError, ValueError, IndexError
+            As for :meth:`pull`.
+        """
+        return self._op(_SET, keys, vals, asynchronous)
+
+    def wait(self, ts: int) -> None:
+        """Block (without the GIL) until the operation with timestamp ``ts`` finished; -1 returns at once.
+
+        Raises
+        ------
+        TypeError
+            ``ts`` is not an int.
+        RuntimeError
+            The progress engine failed.
+        """
+        t = check_int(ts, "ts")
+        if t >= 0:
+            self._e.wait(t)
+            with self._lock:
+                self._keep.pop(t, None)
+
+    def waitall(self) -> None:
+        """Wait for every operation this worker issued."""
+        self._e.waitall(self.customer_id)
+        with self._lock:
+            self._keep.clear()
+
+    def localize(self, keys: Any, asynchronous: bool = False) -> int:
+        """Relocate ``keys`` to this rank now (Lapse's primitive).
+
+        Returns
+        -------
+        int
+            A timestamp for ``wait``; -1 when all keys were local already.
+
+        Raises
+        ------
+        TypeError, ValueError, IndexError
+            Bad keys.
+        """
+        self.server._check_open()
+        kp, n, keep = as_keys(keys, self.num_keys)
+        ts = int(self._e.localize(self.customer_id, kp, n))
+        if ts >= 0 and not asynchronous:
+            self._e.wait(ts)
+        return ts
+
+    def intent(self, keys: Any, start: int, end: int = 0) -> None:
+        """Signal that this worker will access ``keys`` during clocks ``[start, end)``.
+
+        ``end=0`` means ``start + 1``. The server relocates (one intending rank)
+        or replicates (several) the keys before the window starts and drops
+        replicas after it ends.
+
+        Raises
+        ------
+        TypeError, IndexError
+            Bad keys or clocks.
+        ValueError
+            ``end <= start`` (other than ``end=0``) or a negative clock.
+        """
+        self.server._check_open()
+        s = check_int(start, "start", lo=0)
+        e = check_int(end, "end", lo=0)
+        if e == 0:
+            e = s + 1
+        if e <= s:
+            raise ValueError(f"intent window [start, end) = [{s}, {e}) is empty")
+        kp, n, keep = as_keys(keys, self.num_keys)
+        self._e.intent(self.customer_id, kp, n, s, e)
+
+    def advance_clock(self) -> int:
+        """Advance this worker's clock by one (starts a sync round in the background); returns the new clock."""
+        self.server._check_open()
+        return int(self._e.advance_clock(self.customer_id))
+
+    def current_clock(self) -> int:
+        """This worker's clock."""
+        return int(self._e.current_clock(self.customer_id))
+
+    def wait_sync(self) -> None:
+        """Run a sync round now and wait until it and all relocations/replications under way finished."""
+        self.server._check_open()
+        self._e.wait_sync()
+
+    def begin_setup(self) -> None:
+        """Mark the start of a setup phase (e.g. initial ``set`` of all parameters); kept for API parity."""
+        self.server._check_open()
+
+    def end_setup(self) -> None:
+        """End the setup phase: wait for this worker's operations, then a barrier of all workers."""
+        self.barrier()
+
+    def barrier(self) -> None:
+        """Wait for this worker's operations, then block until every worker of every rank arrives."""
+        self.server._check_open()
+        self.waitall()
+        self._e.worker_barrier()
+
+    def finalize(self) -> None:
+        """Finish this worker: wait for its operations, flush replica deltas, barrier of all workers."""
+        self.server._check_open()
+        self.waitall()
+        self._e.wait_sync()
+        self._e.worker_barrier()
+
+    # ------------------------------------------------------------- sampling
+    def prepare_sample(self, K: int, start: int, end: int = 0) -> int:
+        """Draw ``K`` keys to be used during clocks ``[start, end)``; returns a sample id.
+
+        Raises
+        ------
+        RuntimeError
+            ``enable_sampling_support`` was not called.
+        ValueError
+            ``K`` < 1, or more distinct keys than the range holds.
+        """
+        cfg = self.server._sampling
+        if cfg is None:
+            raise RuntimeError("call server.enable_sampling_support(...) before prepare_sample")
+        k = check_int(K, "K", lo=1)
+        s = check_int(start, "start", lo=0)
+        e = check_int(end, "end", lo=0)
+        if e == 0:
+            e = s + 1
+        if e <= s:
+            raise ValueError(f"sample window [start, end) = [{s}, {e}) is empty")
+        if not cfg.with_replacement and k > cfg.hi - cfg.lo:
+            raise ValueError(f"cannot draw {k} distinct keys from [{cfg.lo}, {cfg.hi})")
+        if self._rng is None:
+            self._rng = np.random.default_rng(cfg.seed + 104729 * self.customer_id)
+        if cfg.with_replacement:
+            keys = self._rng.integers(cfg.lo, cfg.hi, size=k, dtype=np.int64)
+        else:
+            keys = cfg.lo + self._rng.choice(cfg.hi - cfg.lo, size=k, replace=False).astype(np.int64)
+        if cfg.scheme == "preloc":
+            self.intent(keys, s, e)
+        sid = self._next_sample
+        self._next_sample += 1
+        self._samples[sid] = [keys, 0]
+        return sid
+
+    def pull_sample(self, sample_id: int, keys_out: Any, vals_out: Any) -> int:
+        """Take the next ``len(keys_out)`` keys of a prepared sample and pull their values.
+
+        Returns
+        -------
+        int
+            -1 when answered locally, else the (already waited) timestamp.
+
+        Raises
+        ------
+        KeyError
+            Unknown or exhausted sample id.
+        ValueError
+            ``keys_out`` longer than what remains of the sample, or ``vals_out`` of the wrong length.
+        """
+        sid = check_int(sample_id, "sample_id", lo=0)
+        if sid not in self._samples:
+            raise KeyError(f"unknown or exhausted sample id {sid}")
+        keys, used = self._samples[sid]
+        if isinstance(keys_out, np.ndarray):
+            kout = keys_out
+        elif isinstance(keys_out, torch.Tensor):
+            kout = keys_out
+        else:
+            raise TypeError(f"keys_out must be an int64 numpy array or tensor, got {type(keys_out).__name__}")
+        if kout.dtype not in (np.int64, torch.int64) or kout.ndim != 1:
+            raise TypeError(f"keys_out must be a 1-D int64 array, got dtype {kout.dtype}, ndim {kout.ndim}")
+        m = int(kout.shape[0])
+        if used + m > len(keys):
+            raise ValueError(f"sample {sid} has {len(keys) - used} keys left, keys_out asks for {m}")
+        chunk = keys[used : used + m]
+        count = int(self.server.lengths[chunk].sum())
+        as_values(vals_out, self.server.dtype, count, writable=True, name="vals_out")
+        if isinstance(kout, np.ndarray):
+            kout[:] = chunk
+        else:
+            kout.copy_(torch.from_numpy(chunk))
+        if used + m == len(keys):
+            del self._samples[sid]
+        else:
+            self._samples[sid][1] = used + m
+        return self.pull(chunk, vals_out)
