@@ -1,0 +1,203 @@
+"""Eager autograd: one ``torch.autograd.Function`` per operation.
+
+The backward passes call the raw (non-autograd) communication of
+:mod:`mpiad._raw`; see ANCHORS for the pairs (Gather <-> Scatter, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import _grad, _raw
+from ._constants import BACKWARD_TAG_OFFSET, MPI_SUM
+
+Tensor = torch.Tensor
+
+
+class EagerBackend:
+    """Communication for backward formulas, on one communicator."""
+
+    def __init__(self, comm: int, rank: int) -> None:
+        self.comm = comm
+        self.rank = rank
+
+    def allreduce(self, t: Tensor, op: int) -> Tensor:
+        return _raw.allreduce(self.comm, t, op)
+
+    def bcast(self, t: Tensor, root: int) -> Tensor:
+        return _raw.bcast(self.comm, t, root)
+
+    def reduce(self, t: Tensor, op: int, root: int) -> Tensor:
+        return _raw.reduce(self.comm, t, op, root, self.rank)
+
+
+class Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, comm: int, rank: int, size: int, op: int) -> Tensor:
+        y = _raw.allreduce(comm, x, op)
+        ctx.args = (comm, rank, size, op)
+        if _grad.needs_saved(op):
+            ctx.save_for_backward(x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
+        comm, rank, size, op = ctx.args
+        x, y = ctx.saved_tensors if _grad.needs_saved(op) else (None, None)
+        return _grad.allreduce_backward(EagerBackend(comm, rank), g, x, y, op, rank, size), None, None, None, None
+
+
+class NoInplaceReuse(torch.autograd.Function):
+    """Takes over the history of a tensor passed to an in-place op; using it raises."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, opname: str) -> Tensor:
+        ctx.mark_dirty(x)
+        ctx.opname = opname
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[None, None]:
+        raise RuntimeError(
+            f"mpiad: a tensor passed to the in-place {ctx.opname} was used again afterwards; its contents were "
+            f"overwritten. Reuse of variables passed to in-place MPI kernels is not supported: use the return "
+            f"value of {ctx.opname} instead."
+        )
+
+
+class Bcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, comm: int, rank: int, root: int) -> Tensor:
+        buf = x.detach()
+        _raw.bcast_into(comm, buf, root)
+        torch.autograd.graph.increment_version(x)
+        ctx.args = (comm, rank, root)
+        return buf
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
+        comm, rank, root = ctx.args
+        return _raw.reduce(comm, g, MPI_SUM, root, rank), None, None, None
+
+
+class Reduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, comm: int, rank: int, size: int, op: int, root: int) -> Tensor:
+        keep = _grad.needs_saved(op)
+        xin = x.detach().clone() if keep else None
+        buf = x.detach()
+        _raw.reduce_into(comm, buf, op, root, rank)
+        torch.autograd.graph.increment_version(x)
+        ctx.args = (comm, rank, size, op, root)
+        if keep:
+            ctx.save_for_backward(xin, buf.clone())
+        return buf
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
+        comm, rank, size, op, root = ctx.args
+        x, y = ctx.saved_tensors if _grad.needs_saved(op) else (None, None)
+        gx = _grad.reduce_backward(EagerBackend(comm, rank), g, x, y, op, root, rank, size)
+        return gx, None, None, None, None, None
+
+
+class Gather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, comm: int, rank: int, size: int, axis: int, root: int) -> Tensor:
+        ctx.args = (comm, rank, axis, root, x.shape[axis])
+        return _raw.gather(comm, x, axis, root, rank, size)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
+        comm, rank, axis, root, n = ctx.args
+        return _raw.scatter(comm, g, axis, n, root, rank), None, None, None, None, None
+
+
+class Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, comm: int, axis: int) -> Tensor:
+        ctx.args = (comm, axis, x.shape[axis])
+        return _raw.allgather(comm, x, axis)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
+        comm, axis, n = ctx.args
+        # every rank's upstream gradient of my slice, summed
+        return _raw.reduce_scatter(comm, g, MPI_SUM, axis, n), None, None
+
+
+class Scatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, comm: int, rank: int, axis: int, numelem: int, root: int) -> Tensor:
+        ctx.args = (comm, rank, axis, root)
+        ctx.like = (x.shape, x.dtype, x.device)
+        return _raw.scatter(comm, x, axis, numelem, root, rank)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
+        comm, rank, axis, root = ctx.args
+        gx = _raw.gather(comm, g, axis, root, rank, 0)
+        if rank != root:
+            shape, dtype, device = ctx.like
+            gx = torch.zeros(shape, dtype=dtype, device=device)
+        return gx, None, None, None, None, None
+
+
+class Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, comm: int, gaxis: int, saxis: int, numelem: int) -> Tensor:
+        ctx.args = (comm, gaxis, saxis, x.shape[gaxis])
+        return _raw.alltoall(comm, x, gaxis, saxis, numelem)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
+        comm, gaxis, saxis, n = ctx.args
+        return _raw.alltoall(comm, g, saxis, gaxis, n), None, None, None, None
+
+
+class ReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, comm: int, op: int, axis: int, numelem: int) -> Tensor:
+        ctx.args = (comm, op, axis)
+        return _raw.reduce_scatter(comm, x, op, axis, numelem)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
+        comm, op, axis = ctx.args
+        if op != MPI_SUM:
+            raise RuntimeError("Reduce_scatter is differentiable for MPI_SUM only")
+        return _raw.allgather(comm, g, axis), None, None, None, None
+
+
+class Sendrecv(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, x: Tensor, like: Tensor, comm: int, dest: int, sendtag: int, source: int, recvtag: int
+    ) -> Tensor:
+        ctx.args = (comm, dest, sendtag, source, recvtag)
+        ctx.xmeta = (x.shape, x.dtype, x.device)
+        ctx.likemeta = (like.shape, like.dtype, like.device)
+        return _raw.sendrecv(comm, x, dest, sendtag, like, source, recvtag)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
+        comm, dest, sendtag, source, recvtag = ctx.args
+        shape, dtype, device = ctx.xmeta
+        like = torch.empty(shape, dtype=dtype, device=device)
+        off = BACKWARD_TAG_OFFSET
+        gx = _raw.sendrecv(comm, g.to(dtype), source, recvtag + off, like, dest, sendtag + off)
+        lshape, ldtype, ldevice = ctx.likemeta
+        return gx, torch.zeros(lshape, dtype=ldtype, device=ldevice), None, None, None, None, None
+
+
+class JoinDummies(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, *dummies: Tensor) -> Tensor:
+        ctx.metas = [(d.shape, d.dtype, d.device) for d in dummies]
+        return x.detach()
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
+        return (g, *(torch.zeros(s, dtype=dt, device=dev) for s, dt, dev in ctx.metas))
