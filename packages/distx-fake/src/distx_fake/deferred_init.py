@@ -1,0 +1,19 @@
+"""Deferred module initialization (torchdistX ``deferred_init`` API) with exact replay."""
+
+from __future__ import annotations
+
+from ._deferred import (
+    CapturedTensorModifiedError,
+    deferred_init,
+    is_deferred,
+    materialize_module,
+    materialize_tensor,
+)
+
+__all__ = [
+    "CapturedTensorModifiedError",
+    "deferred_init",
+    "is_deferred",
+    "materialize_module",
+    "materialize_tensor",
+]
