@@ -1,15 +1,160 @@
 // _wholemem: native core of wholemem.
+//
+// - Segment: an owner-only POSIX shared-memory segment (distkit::ShmSegment)
+//   exposed through the buffer protocol.
+// - Table: a row table over one or more chunks (raw addresses; one chunk for a
+//   HOST tensor or a private part, one per rank for a CHUNKED tensor) with
+//   threaded gather / scatter / scatter-add that release the GIL.
+// - optim_update: sparse SGD / Adagrad / LazyAdam / RMSProp row updates.
+// No libtorch: Python passes addresses (tensor.data_ptr()), sizes and dtype codes.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
+#include "distkit/dtype.hpp"
 #include "distkit/parallel.hpp"
 #include "distkit/pybind.hpp"
+#include "distkit/rows_cpu.hpp"
+#include "distkit/shm.hpp"
+#include "native.hpp"
+#include "optim.hpp"
 
 namespace py = pybind11;
+using distkit::check;
+using distkit::DType;
+
+namespace wholemem {
+namespace {
+
+class PySegment {
+ public:
+  explicit PySegment(distkit::ShmSegment s) : seg(std::move(s)) {}
+  distkit::ShmSegment seg;
+};
+
+class Table {
+ public:
+  Table(std::vector<uintptr_t> chunks, int64_t rows_per_chunk, int64_t nrows, int64_t ncols, int64_t row_stride,
+        int64_t col_stride, int dtype, bool on_device) {
+    check(!chunks.empty(), "a table needs at least one chunk");
+    check(rows_per_chunk > 0, "rows_per_chunk must be positive, got ", rows_per_chunk);
+    check(nrows >= 0 && ncols >= 0, "negative table size ", nrows, " x ", ncols);
+    check(static_cast<int64_t>(chunks.size()) * rows_per_chunk >= nrows, "chunk table of ", chunks.size(),
+          " chunks x ", rows_per_chunk, " rows cannot hold ", nrows, " rows");
+    d_.chunks = std::move(chunks);
+    d_.rows_per_chunk = rows_per_chunk;
+    d_.nrows = nrows;
+    d_.ncols = ncols;
+    d_.row_stride = row_stride;
+    d_.col_stride = col_stride;
+    d_.dtype = distkit::dtype_from_code(dtype);
+    on_device_ = on_device;
+#ifndef DISTKIT_WITH_CUDA
+    check<distkit::Error>(!on_device, "this build of wholemem has no CUDA support (built without nvcc)");
+#endif
+  }
+
+  void op(RowOp op, uintptr_t idx, bool idx64, int64_t n, uintptr_t data, float alpha, uintptr_t stream) const {
+    check(n >= 0, "negative number of indices ", n);
+    if (n == 0) return;
+    check(data != 0 && idx != 0, "null data or index pointer");
+    if (on_device_) {
+#ifdef DISTKIT_WITH_CUDA
+      py::gil_scoped_release release;
+      cuda::row_op(op, d_, idx, idx64, n, data, alpha, stream);
+      return;
+#endif
+    }
+    py::gil_scoped_release release;
+    distkit::dispatch(d_.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if (idx64) {
+        run<T, int64_t>(op, reinterpret_cast<const int64_t*>(idx), n, data, alpha);
+      } else {
+        run<T, int32_t>(op, reinterpret_cast<const int32_t*>(idx), n, data, alpha);
+      }
+    });
+  }
+
+  const TableDesc& desc() const { return d_; }
+  bool on_device() const { return on_device_; }
+
+ private:
+  template <class T, class I>
+  void run(RowOp op, const I* idx, int64_t n, uintptr_t data, float alpha) const {
+    distkit::check_indices(idx, n, d_.nrows);
+    std::vector<T*> chunks(d_.chunks.size());
+    for (size_t i = 0; i < chunks.size(); ++i) chunks[i] = reinterpret_cast<T*>(d_.chunks[i]);
+    distkit::RowTable<T> t{chunks.data(), d_.rows_per_chunk, d_.nrows, d_.ncols, d_.row_stride, d_.col_stride};
+    T* p = reinterpret_cast<T*>(data);
+    switch (op) {
+      case RowOp::Gather: distkit::gather_rows_cpu(t, idx, n, p); break;
+      case RowOp::Scatter: distkit::scatter_rows_cpu(t, idx, n, static_cast<const T*>(p)); break;
+      case RowOp::ScatterAdd: distkit::scatter_add_rows_cpu(t, idx, n, static_cast<const T*>(p), alpha); break;
+    }
+  }
+
+  TableDesc d_;
+  bool on_device_ = false;
+};
+
+void optim_update(int kind, const Table& table, uintptr_t idx, int64_t n, uintptr_t grad, uintptr_t s0, uintptr_t s1,
+                  float lr, float weight_decay, float eps, float beta1, float beta2, float alpha, float step_size,
+                  uintptr_t stream) {
+  check(kind >= 0 && kind <= 3, "unknown optimizer kind ", kind);
+  const TableDesc& d = table.desc();
+  check(d.chunks.size() == 1, "optimizer updates need a single-chunk table, got ", d.chunks.size(), " chunks");
+  const OptParams p{static_cast<OptKind>(kind), lr, weight_decay, eps, beta1, beta2, alpha, step_size};
+  const int ns = num_states(p.kind);
+  check(ns < 1 || s0 != 0, "optimizer state 0 is missing");
+  check(ns < 2 || s1 != 0, "optimizer state 1 is missing");
+  if (n == 0 || d.ncols == 0) return;
+  if (table.on_device()) {
+#ifdef DISTKIT_WITH_CUDA
+    py::gil_scoped_release release;
+    cuda::optim_update(p, d, idx, n, grad, s0, s1, stream);
+    return;
+#endif
+  }
+  py::gil_scoped_release release;
+  const auto* ix = reinterpret_cast<const int64_t*>(idx);
+  distkit::check_indices(ix, n, d.nrows, "row");
+  distkit::dispatch_floating(d.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = distkit::acc_t<T>;
+    T* w = reinterpret_cast<T*>(d.chunks[0]);
+    const A* g = reinterpret_cast<const A*>(grad);
+    A* a0 = reinterpret_cast<A*>(s0);
+    A* a1 = reinterpret_cast<A*>(s1);
+    const int64_t nc = d.ncols;
+    distkit::parallel_for(0, n, distkit::row_grain(nc * int64_t(sizeof(A)) * 4), [&](int64_t lo, int64_t hi) {
+      for (int64_t f = lo * nc; f < hi * nc; ++f)
+        optim_update_element<T>(p, w, d.row_stride, d.col_stride, nc, ix, g, a0, a1, f);
+    });
+  });
+}
+
+int cuda_device_count() {
+#ifdef DISTKIT_WITH_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+[[noreturn]] void no_cuda(const char* what) {
+  throw distkit::Error(distkit::str(what, " needs CUDA, and this build of wholemem has no CUDA support"));
+}
+
+}  // namespace
+}  // namespace wholemem
 
 PYBIND11_MODULE(_wholemem, m) {
-  m.doc() = "native core of wholemem";
+  using namespace wholemem;
+  m.doc() = "native core of wholemem (shared-memory segments, row tables, sparse optimizers)";
   distkit::register_exceptions(m);
   m.def("version", [] { return std::string(DISTKIT_VERSION); });
   m.def("cuda_compiled", [] {
@@ -19,5 +164,82 @@ PYBIND11_MODULE(_wholemem, m) {
     return false;
 #endif
   });
+  m.def("cuda_device_count", &cuda_device_count, "Visible CUDA devices (0 without CUDA support or devices).");
   m.def("get_num_threads", &distkit::get_num_threads);
+  m.def("set_num_threads", [](int n) {
+    check(n >= 1, "number of threads must be >= 1, got ", n);
+    distkit::set_num_threads(n);
+  });
+  m.def("random_token", &distkit::random_token, py::arg("nbytes") = 16, "Hex token of nbytes random bytes.");
+
+  py::class_<PySegment>(m, "Segment", py::buffer_protocol())
+      .def_static(
+          "create",
+          [](size_t size, const std::string& prefix) {
+            check(size > 0, "segment size must be positive, got ", size);
+            return new PySegment(distkit::ShmSegment::create(size, "/" + prefix + distkit::random_token()));
+          },
+          py::arg("size"), py::arg("prefix") = "wholemem-", "Create an owner-only (0600) segment and map it.")
+      .def_static(
+          "open", [](const std::string& name, size_t size) { return new PySegment(distkit::ShmSegment::open(name, size)); },
+          py::arg("name"), py::arg("size"), "Map an existing segment of at least size bytes.")
+      .def("unlink", [](PySegment& s) { s.seg.unlink(); }, "Remove the name; the mapping stays valid.")
+      .def_property_readonly("name", [](const PySegment& s) { return s.seg.name(); })
+      .def_property_readonly("size", [](const PySegment& s) { return s.seg.size(); })
+      .def_property_readonly("address", [](const PySegment& s) { return reinterpret_cast<uintptr_t>(s.seg.data()); })
+      .def_property_readonly("linked", [](const PySegment& s) { return s.seg.linked(); })
+      .def_buffer([](PySegment& s) {
+        return py::buffer_info(s.seg.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(s.seg.size())}, {1});
+      });
+
+  py::class_<Table>(m, "Table")
+      .def(py::init<std::vector<uintptr_t>, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool>(),
+           py::arg("chunks"), py::arg("rows_per_chunk"), py::arg("nrows"), py::arg("ncols"), py::arg("row_stride"),
+           py::arg("col_stride"), py::arg("dtype"), py::arg("on_device") = false)
+      .def(
+          "gather",
+          [](const Table& t, uintptr_t idx, bool idx64, int64_t n, uintptr_t out, uintptr_t stream) {
+            t.op(RowOp::Gather, idx, idx64, n, out, 1.0f, stream);
+          },
+          py::arg("idx"), py::arg("idx64"), py::arg("n"), py::arg("out"), py::arg("stream") = 0,
+          "out[i, :] = table[idx[i], :] (out contiguous [n, ncols]).")
+      .def(
+          "scatter",
+          [](const Table& t, uintptr_t idx, bool idx64, int64_t n, uintptr_t vals, uintptr_t stream) {
+            t.op(RowOp::Scatter, idx, idx64, n, vals, 1.0f, stream);
+          },
+          py::arg("idx"), py::arg("idx64"), py::arg("n"), py::arg("values"), py::arg("stream") = 0,
+          "table[idx[i], :] = values[i, :] (last duplicate wins).")
+      .def(
+          "scatter_add",
+          [](const Table& t, uintptr_t idx, bool idx64, int64_t n, uintptr_t vals, float alpha, uintptr_t stream) {
+            t.op(RowOp::ScatterAdd, idx, idx64, n, vals, alpha, stream);
+          },
+          py::arg("idx"), py::arg("idx64"), py::arg("n"), py::arg("values"), py::arg("alpha") = 1.0f,
+          py::arg("stream") = 0, "table[idx[i], :] += alpha * values[i, :].")
+      .def_property_readonly("address", [](const Table& t) { return reinterpret_cast<uintptr_t>(&t); })
+      .def_property_readonly("chunks", [](const Table& t) { return t.desc().chunks; })
+      .def_property_readonly("rows_per_chunk", [](const Table& t) { return t.desc().rows_per_chunk; })
+      .def_property_readonly("nrows", [](const Table& t) { return t.desc().nrows; })
+      .def_property_readonly("ncols", [](const Table& t) { return t.desc().ncols; })
+      .def_property_readonly("row_stride", [](const Table& t) { return t.desc().row_stride; })
+      .def_property_readonly("col_stride", [](const Table& t) { return t.desc().col_stride; })
+      .def_property_readonly("dtype", [](const Table& t) { return static_cast<int>(t.desc().dtype); })
+      .def_property_readonly("on_device", &Table::on_device);
+
+  m.def("optim_update", &optim_update, py::arg("kind"), py::arg("table"), py::arg("idx"), py::arg("n"),
+        py::arg("grad"), py::arg("state0"), py::arg("state1"), py::arg("lr"), py::arg("weight_decay"), py::arg("eps"),
+        py::arg("beta1"), py::arg("beta2"), py::arg("alpha"), py::arg("step_size"), py::arg("stream") = 0,
+        "Sparse optimizer step on the unique local rows idx (int64) of a single-chunk table.");
+
+#ifdef DISTKIT_WITH_CUDA
+  m.def("ipc_get_handle", [](uintptr_t p) { return py::bytes(cuda::ipc_get_handle(p)); });
+  m.def("ipc_open_handle", [](const py::bytes& h, int device) { return cuda::ipc_open_handle(std::string(h), device); });
+  m.def("ipc_close_handle", &cuda::ipc_close_handle);
+#else
+  m.def("ipc_get_handle", [](uintptr_t) -> py::bytes { no_cuda("ipc_get_handle"); });
+  m.def("ipc_open_handle", [](const py::bytes&, int) -> uintptr_t { no_cuda("ipc_open_handle"); });
+  m.def("ipc_close_handle", [](uintptr_t) { no_cuda("ipc_close_handle"); });
+#endif
 }

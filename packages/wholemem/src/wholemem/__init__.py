@@ -1,8 +1,46 @@
-"""WholeMemory-style multi-process shared and partitioned tensors for PyTorch."""
+"""WholeMemory-style multi-process shared and partitioned tensors for PyTorch.
+
+``import wholemem as wg``; see the package README for the API.
+"""
 
 from __future__ import annotations
 
 from . import _wholemem
+from ._comm import (
+    Communicator,
+    UniqueId,
+    communicator_from_mpi4py,
+    communicator_from_process_group,
+    create_communicator,
+    get_unique_id,
+)
+from ._lib import finalize_lib, init_lib
+from ._ops import gather, get_local_tensor, get_partition_plan, get_sub_tensor, get_tensor_view, scatter
+from ._tensor import ChunkedTensor, NCCLTensor, WmTensorType, create_wm_tensor
 from ._version import __version__
 
-__all__ = ["__version__"]
+DISTRIBUTED = WmTensorType.DISTRIBUTED
+
+__all__ = [
+    "DISTRIBUTED",
+    "ChunkedTensor",
+    "Communicator",
+    "NCCLTensor",
+    "UniqueId",
+    "WmTensorType",
+    "__version__",
+    "_wholemem",
+    "communicator_from_mpi4py",
+    "communicator_from_process_group",
+    "create_communicator",
+    "create_wm_tensor",
+    "finalize_lib",
+    "gather",
+    "get_local_tensor",
+    "get_partition_plan",
+    "get_sub_tensor",
+    "get_tensor_view",
+    "get_unique_id",
+    "init_lib",
+    "scatter",
+]

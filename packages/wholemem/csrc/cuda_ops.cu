@@ -1,0 +1,148 @@
+// cuda_ops.cu - GPU paths of wholemem: row ops over device chunk tables (the
+// kernels of distkit/rows_cuda.cuh, i.e. the same per-element code as the CPU),
+// the sparse optimizer kernel (optim.hpp) and CUDA IPC helpers for sharing
+// device allocations between the processes of one node.
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <type_traits>
+
+#include "distkit/cuda.hpp"
+#include "distkit/rows_cuda.cuh"
+#include "native.hpp"
+
+namespace wholemem {
+namespace cuda {
+
+namespace dc = distkit::cuda;
+using distkit::DType;
+
+int device_count() { return dc::device_count(); }
+
+namespace {
+
+/// The chunk pointer table copied to the device for the duration of one op.
+template <class T>
+struct DeviceChunks {
+  T** ptr = nullptr;
+  cudaStream_t s;
+  DeviceChunks(const std::vector<uintptr_t>& chunks, cudaStream_t stream) : s(stream) {
+    const size_t bytes = chunks.size() * sizeof(T*);
+    dc::check(cudaMallocAsync(reinterpret_cast<void**>(&ptr), bytes, s), "cudaMallocAsync(chunk table)");
+    dc::check(cudaMemcpyAsync(ptr, chunks.data(), bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync(chunk table)");
+  }
+  ~DeviceChunks() {
+    if (ptr) cudaFreeAsync(ptr, s);
+  }
+};
+
+template <class T, class I>
+void run_rows(RowOp op, const TableDesc& d, uintptr_t idx, int64_t n, uintptr_t data, float alpha, cudaStream_t s) {
+  DeviceChunks<T> chunks(d.chunks, s);
+  distkit::RowTable<T> t{chunks.ptr, d.rows_per_chunk, d.nrows, d.ncols, d.row_stride, d.col_stride};
+  const I* ix = reinterpret_cast<const I*>(idx);
+  T* p = reinterpret_cast<T*>(data);
+  switch (op) {
+    case RowOp::Gather: dc::gather_rows(t, ix, n, p, s); break;
+    case RowOp::Scatter: dc::scatter_rows(t, ix, n, static_cast<const T*>(p), s); break;
+    case RowOp::ScatterAdd:
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+        dc::scatter_add_rows(t, ix, n, static_cast<const T*>(p), alpha, s);
+      } else {
+        throw distkit::TypeError("CUDA scatter-add supports float32 and float64 only");
+      }
+      break;
+  }
+}
+
+template <class T>
+void rows_typed(RowOp op, const TableDesc& d, uintptr_t idx, bool idx64, int64_t n, uintptr_t data, float alpha,
+                cudaStream_t s) {
+  if (idx64) {
+    run_rows<T, int64_t>(op, d, idx, n, data, alpha, s);
+  } else {
+    run_rows<T, int32_t>(op, d, idx, n, data, alpha, s);
+  }
+}
+
+template <class T>
+__global__ void optim_kernel(OptParams p, T* w, int64_t row_stride, int64_t col_stride, int64_t ncols,
+                             const int64_t* idx, int64_t n, const distkit::acc_t<T>* grad, distkit::acc_t<T>* s0,
+                             distkit::acc_t<T>* s1) {
+  const int64_t total = n * ncols;
+  for (int64_t f = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; f < total; f += int64_t(gridDim.x) * blockDim.x)
+    optim_update_element<T>(p, w, row_stride, col_stride, ncols, idx, grad, s0, s1, f);
+}
+
+}  // namespace
+
+void row_op(RowOp op, const TableDesc& d, uintptr_t idx, bool idx64, int64_t n, uintptr_t data, float alpha,
+            uintptr_t stream) {
+  dc::require_device("wholemem CUDA row operation");
+  if (n == 0 || d.ncols == 0) return;
+  cudaStream_t s = dc::stream_from_int(stream);
+  // 16-bit floats are moved as raw 16-bit words (gather / scatter need no arithmetic).
+  switch (d.dtype) {
+    case DType::Float32: rows_typed<float>(op, d, idx, idx64, n, data, alpha, s); break;
+    case DType::Float64: rows_typed<double>(op, d, idx, idx64, n, data, alpha, s); break;
+    case DType::Float16:
+    case DType::BFloat16:
+    case DType::Int16: rows_typed<uint16_t>(op, d, idx, idx64, n, data, alpha, s); break;
+    case DType::Int32: rows_typed<int32_t>(op, d, idx, idx64, n, data, alpha, s); break;
+    case DType::Int64: rows_typed<int64_t>(op, d, idx, idx64, n, data, alpha, s); break;
+    case DType::Int8:
+    case DType::UInt8:
+    case DType::Bool: rows_typed<uint8_t>(op, d, idx, idx64, n, data, alpha, s); break;
+    default: throw distkit::TypeError(distkit::str("CUDA row ops do not support ", distkit::dtype_name(d.dtype)));
+  }
+}
+
+void optim_update(const OptParams& p, const TableDesc& w, uintptr_t idx, int64_t n, uintptr_t grad, uintptr_t s0,
+                  uintptr_t s1, uintptr_t stream) {
+  dc::require_device("wholemem CUDA optimizer step");
+  if (n == 0 || w.ncols == 0) return;
+  cudaStream_t s = dc::stream_from_int(stream);
+  auto cfg = dc::launch_config(n * w.ncols);
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    using A = distkit::acc_t<T>;
+    optim_kernel<T><<<cfg.blocks, cfg.threads, 0, s>>>(p, reinterpret_cast<T*>(w.chunks.at(0)), w.row_stride,
+                                                      w.col_stride, w.ncols, reinterpret_cast<const int64_t*>(idx), n,
+                                                      reinterpret_cast<const A*>(grad), reinterpret_cast<A*>(s0),
+                                                      reinterpret_cast<A*>(s1));
+  };
+  switch (w.dtype) {
+    case DType::Float32: launch(float{}); break;
+    case DType::Float64: launch(double{}); break;
+    case DType::Float16: launch(distkit::half_t{}); break;
+    case DType::BFloat16: launch(distkit::bfloat16_t{}); break;
+    default: throw distkit::TypeError("optimizer updates need a floating dtype");
+  }
+  dc::check(cudaGetLastError(), "optim_kernel launch");
+}
+
+std::string ipc_get_handle(uintptr_t dev_ptr) {
+  dc::require_device("CUDA IPC");
+  cudaIpcMemHandle_t h;
+  dc::check(cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(dev_ptr)), "cudaIpcGetMemHandle");
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+}
+
+uintptr_t ipc_open_handle(const std::string& handle, int device) {
+  dc::require_device("CUDA IPC");
+  distkit::check(handle.size() == sizeof(cudaIpcMemHandle_t), "CUDA IPC handle must be ", sizeof(cudaIpcMemHandle_t),
+                 " bytes, got ", handle.size());
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, handle.data(), sizeof(h));
+  dc::check(cudaSetDevice(device), "cudaSetDevice");
+  void* p = nullptr;
+  dc::check(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+  return reinterpret_cast<uintptr_t>(p);
+}
+
+void ipc_close_handle(uintptr_t dev_ptr) {
+  dc::check(cudaIpcCloseMemHandle(reinterpret_cast<void*>(dev_ptr)), "cudaIpcCloseMemHandle");
+}
+
+}  // namespace cuda
+}  // namespace wholemem

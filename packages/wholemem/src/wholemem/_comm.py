@@ -1,0 +1,301 @@
+"""Communicators: rendezvous through ``torch.distributed`` (TCPStore + a private gloo group)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from distkit_common.validate import check_int
+
+from . import _lib
+from ._wholemem import random_token
+
+_DEFAULT_TIMEOUT = datetime.timedelta(seconds=300)
+
+
+@dataclass(frozen=True)
+class UniqueId:
+    """Where to meet: the rendezvous store's address plus a 128-bit random token.
+
+    Picklable; broadcast it to every rank by any channel (MPI, a file, ...).
+    """
+
+    host: str
+    port: int
+    token: str
+
+    def __repr__(self) -> str:
+        return f"UniqueId(host={self.host!r}, port={self.port}, token=<{len(self.token) * 4} bits>)"
+
+
+def _advertised_host() -> str:
+    for var in ("WHOLEMEM_HOST", "MASTER_ADDR"):
+        if os.environ.get(var):
+            return os.environ[var]
+    name = socket.gethostname()
+    try:
+        socket.getaddrinfo(name, None)
+        return name
+    except OSError:
+        return "127.0.0.1"
+
+
+def get_unique_id(timeout: datetime.timedelta = _DEFAULT_TIMEOUT) -> UniqueId:
+    """Start a rendezvous store in this process and return its id (call on one rank).
+
+    Parameters
+    ----------
+    timeout : datetime.timedelta
+        How long store operations wait for peers.
+
+    Returns
+    -------
+    UniqueId
+        Pass it to :func:`create_communicator` on every rank.
+
+    Raises
+    ------
+    RuntimeError
+        If the library is not initialised.
+    """
+    _lib.require_init("get_unique_id")
+    server = dist.TCPStore("0.0.0.0", 0, None, True, timeout=timeout, wait_for_workers=False)
+    uid = UniqueId(_advertised_host(), int(server.port), random_token(16))
+    _lib._servers[uid.token] = server
+    return uid
+
+
+def _node_key() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+class Communicator:
+    """A group of ranks that create and share wholemem tensors.
+
+    Attributes
+    ----------
+    rank, size : int
+        This process's rank and the number of ranks.
+    local_rank, local_size : int
+        Rank among, and number of, the ranks on this node (shared memory peers).
+    node_ranks : list of int
+        Global ranks on this node, ascending.
+    num_nodes : int
+        Number of distinct nodes in the group.
+    """
+
+    def __init__(self, pg: Any, *, store: Any = None, owns_pg: bool = True) -> None:
+        self._pg = pg
+        self._store = store
+        self._owns_pg = owns_pg
+        self._destroyed = False
+        self.rank: int = int(pg.rank())
+        self.size: int = int(pg.size())
+        keys: list[str] = self.allgather_object(_node_key())
+        self.node_ranks: list[int] = [r for r, k in enumerate(keys) if k == keys[self.rank]]
+        self.local_rank: int = self.node_ranks.index(self.rank)
+        self.local_size: int = len(self.node_ranks)
+        self.num_nodes: int = len(set(keys))
+        _lib._communicators.add(self)
+
+    def __repr__(self) -> str:
+        state = "destroyed" if self._destroyed else "live"
+        return f"Communicator(rank={self.rank}, size={self.size}, local_size={self.local_size}, {state})"
+
+    # -- lifecycle -----------------------------------------------------------------
+    def check_alive(self, what: str = "operation") -> None:
+        """Raise ``RuntimeError`` if this communicator (or the library) is gone.
+
+        Raises
+        ------
+        RuntimeError
+            After :meth:`destroy` or :func:`finalize_lib`.
+        """
+        if self._destroyed:
+            if _lib._state["finalized"]:
+                raise RuntimeError(f"wholemem {what}: the library was finalized (finalize_lib)")
+            raise RuntimeError(f"wholemem {what}: the communicator was destroyed")
+
+    def _mark_destroyed(self) -> None:
+        self._destroyed = True
+        self._pg = None
+        self._store = None
+
+    def barrier(self) -> None:
+        """Block until every rank of the group has called ``barrier``.
+
+        Raises
+        ------
+        RuntimeError
+            If the communicator was destroyed.
+        """
+        self.check_alive("barrier")
+        # an allreduce doubles as a barrier and works on every backend
+        t = torch.zeros(1)
+        self._pg.allreduce([t]).wait()
+
+    def destroy(self) -> None:
+        """Collective: wait for every rank, then release the group (idempotent)."""
+        if self._destroyed:
+            return
+        self.barrier()
+        self._mark_destroyed()
+        _lib._communicators.discard(self)
+
+    # -- collectives used by the tensor types ---------------------------------------
+    def allgather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (pickled), in rank order."""
+        self.check_alive("allgather")
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        n = torch.tensor([data.numel()], dtype=torch.int64)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
+        self._pg.allgather([sizes], [n]).wait()
+        width = max(int(s) for s in sizes)
+        padded = torch.zeros(width, dtype=torch.uint8)
+        padded[: data.numel()] = data
+        outs = [torch.empty(width, dtype=torch.uint8) for _ in range(self.size)]
+        self._pg.allgather([outs], [padded]).wait()
+        return [pickle.loads(o[: int(s)].numpy().tobytes()) for o, s in zip(outs, sizes)]
+
+    def all_to_all(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
+        """Exchange rows of ``send`` (grouped by destination) and return the received rows."""
+        self.check_alive("all_to_all")
+        recv = torch.empty((sum(recv_counts), *send.shape[1:]), dtype=send.dtype)
+        self._pg.alltoall_base(recv, send.contiguous(), recv_counts, send_counts).wait()
+        return recv
+
+    def exchange_counts(self, send_counts: torch.Tensor) -> torch.Tensor:
+        """counts[r] sent to rank r -> counts received from every rank."""
+        self.check_alive("all_to_all")
+        recv = torch.empty_like(send_counts)
+        self._pg.alltoall_base(recv, send_counts.contiguous(), [], []).wait()
+        return recv
+
+    def allreduce_max(self, value: int) -> int:
+        """Maximum of an integer over the group."""
+        self.check_alive("allreduce")
+        t = torch.tensor([value], dtype=torch.int64)
+        self._allreduce(t, dist.ReduceOp.MAX)
+        return int(t)
+
+    def _allreduce(self, t: torch.Tensor, op: Any) -> None:
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = op
+        self._pg.allreduce([t], opts).wait()
+
+
+def create_communicator(
+    size: int, unique_id: UniqueId, rank: int, *, timeout: datetime.timedelta = _DEFAULT_TIMEOUT
+) -> Communicator:
+    """Collective: build a communicator of ``size`` ranks from a :class:`UniqueId`.
+
+    Connects to the id's TCPStore and builds a private gloo process group under the
+    id's random prefix, so it never clashes with the default process group.
+
+    Parameters
+    ----------
+    size : int
+        Number of ranks.
+    unique_id : UniqueId
+        From :func:`get_unique_id` on one rank.
+    rank : int
+        This process's rank in ``[0, size)``.
+    timeout : datetime.timedelta
+        Collective timeout of the group.
+
+    Returns
+    -------
+    Communicator
+
+    Raises
+    ------
+    TypeError
+        ``unique_id`` is not a :class:`UniqueId`, or size / rank are not ints.
+    ValueError
+        ``size < 1`` or ``rank`` outside ``[0, size)``.
+    RuntimeError
+        Library not initialised, or the rendezvous failed / timed out.
+    """
+    _lib.require_init("create_communicator")
+    size = check_int(size, "size", lo=1)
+    rank = check_int(rank, "rank", lo=0, hi=size)
+    if not isinstance(unique_id, UniqueId):
+        raise TypeError(f"unique_id must be a wholemem.UniqueId (from get_unique_id()), got {type(unique_id).__name__}")
+    server = _lib._servers.get(unique_id.token)
+    if server is not None:
+        store = server
+    else:
+        store = dist.TCPStore(unique_id.host, unique_id.port, None, False, timeout=timeout)
+    prefixed = dist.PrefixStore(f"wholemem/{unique_id.token}", store)
+    pg = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+    return Communicator(pg, store=store, owns_pg=True)
+
+
+def communicator_from_process_group(pg: Any = None) -> Communicator:
+    """Collective: a communicator over an existing ``torch.distributed`` process group.
+
+    Parameters
+    ----------
+    pg : ProcessGroup, optional
+        A group whose backend handles CPU tensors (gloo); default: the world group.
+
+    Returns
+    -------
+    Communicator
+
+    Raises
+    ------
+    RuntimeError
+        ``torch.distributed`` is not initialised, or the library is not.
+    ValueError
+        The group has no CPU (gloo) backend.
+    """
+    _lib.require_init("communicator_from_process_group")
+    if not dist.is_initialized():
+        raise RuntimeError("communicator_from_process_group: torch.distributed is not initialized")
+    if pg is None:
+        pg = dist.group.WORLD
+    if not isinstance(pg, dist.ProcessGroup):
+        raise TypeError(f"pg must be a torch.distributed.ProcessGroup, got {type(pg).__name__}")
+    backend = str(dist.get_backend(pg))
+    if "gloo" not in backend and "mpi" not in backend:
+        raise ValueError(f"communicator_from_process_group needs a group with a CPU backend (gloo), got {backend!r}")
+    return Communicator(pg, owns_pg=False)
+
+
+def communicator_from_mpi4py(comm: Any) -> Communicator:
+    """Collective: a communicator with the ranks of an mpi4py communicator.
+
+    Rank 0 of ``comm`` creates the unique id and broadcasts it over MPI.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        An intra-communicator (e.g. ``MPI.COMM_WORLD``).
+
+    Returns
+    -------
+    Communicator
+
+    Raises
+    ------
+    TypeError
+        ``comm`` is not an mpi4py communicator.
+    """
+    _lib.require_init("communicator_from_mpi4py")
+    if not all(hasattr(comm, a) for a in ("Get_rank", "Get_size", "bcast")):
+        raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
+    rank, size = comm.Get_rank(), comm.Get_size()
+    uid = comm.bcast(get_unique_id() if rank == 0 else None, root=0)
+    return create_communicator(size, uid, rank)
