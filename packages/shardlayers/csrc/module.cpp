@@ -1,12 +1,83 @@
-// _shardlayers: native core of shardlayers.
+// _shardlayers: native core of shardlayers (the fused vocab-parallel cross-entropy passes).
+//
+// Python passes raw data pointers (tensor.data_ptr()), sizes and distkit dtype codes; the
+// extension never links libtorch. All real work runs with the GIL released.
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
+#include "distkit/dtype.hpp"
+#include "distkit/error.hpp"
 #include "distkit/parallel.hpp"
 #include "distkit/pybind.hpp"
+#include "xent.hpp"
 
 namespace py = pybind11;
+using distkit::DType;
+
+#ifdef DISTKIT_WITH_CUDA
+namespace shardlayers {
+void xent_stats_cuda(uintptr_t x, int64_t n, int64_t c, int64_t row_stride, int dtype, uintptr_t target,
+                     int64_t vstart, uintptr_t weight, bool want_sum, uintptr_t out, uintptr_t stream);
+void xent_grad_cuda(uintptr_t x, uintptr_t grad, int64_t n, int64_t c, int64_t row_stride, int dtype,
+                    uintptr_t target, int64_t vstart, uintptr_t weight, uintptr_t coef, uintptr_t stream);
+}  // namespace shardlayers
+#endif
+
+namespace {
+
+void check_args(int64_t n, int64_t c, int64_t row_stride, uintptr_t x, uintptr_t target) {
+  distkit::check<distkit::ValueError>(n >= 0, "number of rows must be >= 0, got ", n);
+  distkit::check<distkit::ValueError>(c >= 1, "number of local classes must be >= 1, got ", c);
+  distkit::check<distkit::ValueError>(row_stride >= c, "row_stride (", row_stride, ") must be >= columns (", c, ")");
+  distkit::check<distkit::ValueError>(n == 0 || (x != 0 && target != 0), "null data pointer");
+}
+
+int64_t grain_rows(int64_t c) { return std::max<int64_t>(1, (int64_t{1} << 15) / c); }
+
+void xent_stats_cpu(uintptr_t x, int64_t n, int64_t c, int64_t row_stride, int dtype, uintptr_t target,
+                    int64_t vstart, uintptr_t weight, bool want_sum, uintptr_t out) {
+  check_args(n, c, row_stride, x, target);
+  const DType dt = distkit::dtype_from_code(dtype);
+  distkit::nogil release;
+  distkit::dispatch_floating(dt, [&](auto tag) {
+    using T = decltype(tag);
+    using A = distkit::acc_t<T>;
+    const T* xp = distkit::ptr<const T>(x);
+    const int64_t* tp = distkit::ptr<const int64_t>(target);
+    const A* wp = distkit::ptr<const A>(weight);
+    A* op = distkit::ptr<A>(out);
+    distkit::parallel_for(0, n, grain_rows(c), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r)
+        shardlayers::xent_stats_row<T, A>(xp + r * row_stride, c, tp[r], vstart, wp, want_sum, op + 4 * r);
+    });
+  });
+}
+
+void xent_grad_cpu(uintptr_t x, uintptr_t grad, int64_t n, int64_t c, int64_t row_stride, int dtype,
+                   uintptr_t target, int64_t vstart, uintptr_t weight, uintptr_t coef) {
+  check_args(n, c, row_stride, x, target);
+  distkit::check<distkit::ValueError>(n == 0 || (grad != 0 && coef != 0), "null grad/coef pointer");
+  const DType dt = distkit::dtype_from_code(dtype);
+  distkit::nogil release;
+  distkit::dispatch_floating(dt, [&](auto tag) {
+    using T = decltype(tag);
+    using A = distkit::acc_t<T>;
+    const T* xp = distkit::ptr<const T>(x);
+    T* gp = distkit::ptr<T>(grad);
+    const int64_t* tp = distkit::ptr<const int64_t>(target);
+    const A* wp = distkit::ptr<const A>(weight);
+    const A* cp = distkit::ptr<const A>(coef);
+    distkit::parallel_for(0, n, grain_rows(c), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r)
+        shardlayers::xent_grad_row<T, A>(xp + r * row_stride, gp + r * c, c, tp[r], vstart, wp, cp + 4 * r);
+    });
+  });
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_shardlayers, m) {
   m.doc() = "native core of shardlayers";
@@ -20,4 +91,26 @@ PYBIND11_MODULE(_shardlayers, m) {
 #endif
   });
   m.def("get_num_threads", &distkit::get_num_threads);
+  m.def("set_num_threads", &distkit::set_num_threads, py::arg("n"));
+  m.def("xent_stats_cpu", &xent_stats_cpu, py::arg("x"), py::arg("n"), py::arg("c"), py::arg("row_stride"),
+        py::arg("dtype"), py::arg("target"), py::arg("vstart"), py::arg("weight"), py::arg("want_sum"),
+        py::arg("out"),
+        "Per-row local (max, sum exp(x - max), target logit, sum w*x) of logits x[n, c] into out[n, 4].");
+  m.def("xent_grad_cpu", &xent_grad_cpu, py::arg("x"), py::arg("grad"), py::arg("n"), py::arg("c"),
+        py::arg("row_stride"), py::arg("dtype"), py::arg("target"), py::arg("vstart"), py::arg("weight"),
+        py::arg("coef"), "Gradient grad[n, c] (contiguous) of the cross-entropy from coef[n, 4] = (lse, cp, ct, cw).");
+#ifdef DISTKIT_WITH_CUDA
+  m.def("xent_stats_cuda", &shardlayers::xent_stats_cuda, py::arg("x"), py::arg("n"), py::arg("c"),
+        py::arg("row_stride"), py::arg("dtype"), py::arg("target"), py::arg("vstart"), py::arg("weight"),
+        py::arg("want_sum"), py::arg("out"), py::arg("stream"));
+  m.def("xent_grad_cuda", &shardlayers::xent_grad_cuda, py::arg("x"), py::arg("grad"), py::arg("n"), py::arg("c"),
+        py::arg("row_stride"), py::arg("dtype"), py::arg("target"), py::arg("vstart"), py::arg("weight"),
+        py::arg("coef"), py::arg("stream"));
+#else
+  auto no_cuda = [](py::args, py::kwargs) -> void {
+    throw distkit::CudaError("shardlayers was built without CUDA support (no nvcc at build time)");
+  };
+  m.def("xent_stats_cuda", no_cuda);
+  m.def("xent_grad_cuda", no_cuda);
+#endif
 }

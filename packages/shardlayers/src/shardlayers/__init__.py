@@ -1,8 +1,42 @@
-"""TorchShard-style tensor-parallel layers and sharded state dicts for PyTorch."""
+"""TorchShard-style tensor-parallel layers and sharded state dicts for PyTorch.
+
+``import shardlayers as ts`` gives TorchShard's API: ``ts.slice``, ``ts.collect_state_dict``,
+``ts.relocate_state_dict``, ``ts.register_ddp_parameters_to_ignore``, the parallel-dim tag helpers,
+``ts.nn`` (parallel layers, loss, functional, init), ``ts.distributed`` (groups and autograd
+communication ops) and ``ts.random`` (RNG tracker).
+"""
 
 from __future__ import annotations
 
-from . import _shardlayers
+from . import _shardlayers, distributed, nn, random
+from ._split import slice
+from ._state_dict import collect_state_dict, register_ddp_parameters_to_ignore, relocate_state_dict
+from ._tag import (
+    _ORDER_TYPE,
+    _PARALLEL_ATTR,
+    _PARALLEL_DIM,
+    ParallelTensor,
+    get_parallel_dim,
+    register_parallel_attribute,
+    register_parallel_dim,
+)
 from ._version import __version__
 
-__all__ = ["__version__"]
+__all__ = [
+    "_ORDER_TYPE",
+    "_PARALLEL_ATTR",
+    "_PARALLEL_DIM",
+    "ParallelTensor",
+    "__version__",
+    "_shardlayers",
+    "collect_state_dict",
+    "distributed",
+    "get_parallel_dim",
+    "nn",
+    "random",
+    "register_ddp_parameters_to_ignore",
+    "register_parallel_attribute",
+    "register_parallel_dim",
+    "relocate_state_dict",
+    "slice",
+]

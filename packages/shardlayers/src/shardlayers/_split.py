@@ -1,0 +1,85 @@
+"""Partition sizes (even or uneven) and ``slice``."""
+
+from __future__ import annotations
+
+import torch
+
+
+def partition_sizes(n: int, parts: int, *, uneven: bool = True, what: str = "size") -> list[int]:
+    """Sizes of ``parts`` consecutive chunks covering ``n`` (the first ``n % parts`` get one more).
+
+    Raises
+    ------
+    ValueError
+        If ``parts < 1``, or ``n`` is not divisible by ``parts`` and ``uneven`` is False.
+    """
+    if parts < 1:
+        raise ValueError(f"number of partitions must be >= 1, got {parts}")
+    if n % parts and not uneven:
+        raise ValueError(
+            f"{what} {n} is not divisible by {parts} partitions (pass uneven=True to allow uneven splits)"
+        )
+    base, rem = divmod(n, parts)
+    return [base + (1 if i < rem else 0) for i in range(parts)]
+
+
+def partition_range(n: int, parts: int, index: int, *, uneven: bool = True, what: str = "size") -> tuple[int, int]:
+    """``(start, length)`` of chunk ``index`` of :func:`partition_sizes`."""
+    sizes = partition_sizes(n, parts, uneven=uneven, what=what)
+    return sum(sizes[:index]), sizes[index]
+
+
+def slice(  # noqa: A001 - TorchShard's name
+    tensor: torch.Tensor,
+    num_partitions: int,
+    dim: int | None = -1,
+    contiguous: bool = False,
+    *,
+    uneven: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """Split ``tensor`` into ``num_partitions`` chunks along ``dim`` (like ``torch.split``).
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        Input tensor.
+    num_partitions : int
+        Number of chunks.
+    dim : int or None
+        Dimension to split (any valid dim; default -1). ``None`` means "not split": every
+        partition is ``tensor`` itself (TorchShard crashed here).
+    contiguous : bool
+        Return contiguous chunks (copies when needed).
+    uneven : bool
+        Allow a size that does not divide; the first ``size % num_partitions`` chunks get one
+        more element.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+
+    Raises
+    ------
+    TypeError
+        If ``tensor`` is not a tensor or ``num_partitions`` not an int.
+    ValueError
+        If ``num_partitions < 1`` or the size does not divide (and not ``uneven``).
+    IndexError
+        If ``dim`` is out of range.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    if isinstance(num_partitions, bool) or not isinstance(num_partitions, int):
+        raise TypeError(f"num_partitions must be an int, got {num_partitions!r}")
+    if num_partitions < 1:
+        raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
+    if dim is None:
+        return (tensor,) * num_partitions
+    nd = max(tensor.dim(), 1)
+    if not -nd <= dim < nd:
+        raise IndexError(f"dim {dim} out of range for a tensor of shape {tuple(tensor.shape)}")
+    sizes = partition_sizes(tensor.shape[dim], num_partitions, uneven=uneven, what=f"dimension {dim} of size")
+    chunks = torch.split(tensor, sizes, dim=dim)
+    if contiguous:
+        chunks = tuple(c.contiguous() for c in chunks)
+    return tuple(chunks)

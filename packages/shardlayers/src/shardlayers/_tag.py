@@ -1,0 +1,244 @@
+"""The parallel-dim tag: which dimension of a tensor is split over the tensor-parallel group.
+
+Parameters carry the tag as plain attributes (``ts._PARALLEL_DIM``, ``ts._ORDER_TYPE``).
+Activations returned by the parallel layers are :class:`ParallelTensor` instances: a thin
+``torch.Tensor`` subclass whose ``__torch_function__`` copies the tag to the results of
+shape-preserving ops (activations, dropout, arithmetic, views and reshapes that keep the split
+dimension), so the tag is no longer lost after the first op as in TorchShard.
+
+Tag values follow TorchShard: ``-1`` or ``1`` mean "split along the last dimension" (column
+parallel), ``0`` means "split along the first dimension", ``None`` means "not split".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+#: attribute holding the parallel dimension of a tensor (TorchShard's ``_PARALLEL_DIM``).
+_PARALLEL_DIM = "_PARALLEL_DIM"
+#: TorchShard's other name for the same attribute.
+_PARALLEL_ATTR = _PARALLEL_DIM
+#: attribute holding the order type of a parameter (0: weight [out, in]; 1: weight [in, out]).
+_ORDER_TYPE = "_ORDER_TYPE"
+#: attribute holding the full (unsplit) size of a parameter along its split storage axis.
+_FULL_SIZE = "_PARALLEL_FULL_SIZE"
+
+_VALID_DIMS = (None, 0, 1, -1)
+
+
+def check_dim(dim: Any, name: str = "dim", allowed: tuple[Any, ...] = _VALID_DIMS) -> int | None:
+    """Validate a parallel dim value.
+
+    Raises
+    ------
+    ValueError
+        If ``dim`` is not one of ``allowed``.
+    """
+    if isinstance(dim, bool) or dim not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {dim!r}")
+    return dim  # type: ignore[no-any-return]
+
+
+def get_parallel_dim(tensor: torch.Tensor) -> int | None:
+    """Return the parallel dim tag of ``tensor`` (``None`` when it is not split).
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        Any tensor or parameter.
+
+    Returns
+    -------
+    int or None
+        ``-1``, ``1``, ``0`` or ``None``.
+
+    Raises
+    ------
+    TypeError
+        If ``tensor`` is not a tensor.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    return getattr(tensor, _PARALLEL_DIM, None)
+
+
+def register_parallel_dim(tensor: torch.Tensor, parallel_dim: int | None) -> None:
+    """Tag ``tensor`` (in place) as split along ``parallel_dim``.
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        The tensor to tag.
+    parallel_dim : {None, 0, 1, -1}
+        Its parallel dimension.
+
+    Raises
+    ------
+    TypeError
+        If ``tensor`` is not a tensor.
+    ValueError
+        If ``parallel_dim`` is not one of None, 0, 1, -1.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    check_dim(parallel_dim, "parallel_dim")
+    setattr(tensor, _PARALLEL_DIM, parallel_dim)
+
+
+def register_parallel_attribute(tensor: torch.Tensor, parallel_dim: int | None, order_type: int = 0) -> None:
+    """Tag a parameter with its parallel dim and order type (in place).
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        Usually an ``nn.Parameter`` of a custom parallel layer.
+    parallel_dim : {None, 0, 1, -1}
+        The logical split: ``-1``/``1`` = output features, ``0`` = input features.
+    order_type : {0, 1}
+        ``0``: the weight is stored ``[out, in]`` (like ``nn.Linear``), so the storage axis is the
+        reverse of the logical one; ``1``: stored ``[in, out]`` (like ``nn.Embedding``).
+
+    Raises
+    ------
+    TypeError
+        If ``tensor`` is not a tensor.
+    ValueError
+        If ``parallel_dim`` or ``order_type`` is out of range.
+    """
+    register_parallel_dim(tensor, parallel_dim)
+    if isinstance(order_type, bool) or order_type not in (0, 1):
+        raise ValueError(f"order_type must be 0 or 1, got {order_type!r}")
+    setattr(tensor, _ORDER_TYPE, order_type)
+
+
+def storage_axis(tensor: torch.Tensor) -> int | None:
+    """The axis of ``tensor``'s storage that is split (from its dim tag and order type)."""
+    dim = get_parallel_dim(tensor)
+    if dim is None:
+        return None
+    if tensor.dim() <= 1:
+        return 0
+    order = getattr(tensor, _ORDER_TYPE, 0)
+    column = dim in (1, -1)
+    if order == 0:  # stored [out, in]: output features are axis 0
+        return 0 if column else tensor.dim() - 1
+    return tensor.dim() - 1 if column else 0
+
+
+# ----------------------------------------------------------------------------------------------
+# activation tags that survive shape-preserving ops
+
+_CONTRACTIONS: set[Callable[..., Any]] = {
+    torch.matmul,
+    torch.Tensor.matmul,
+    torch.Tensor.__matmul__,
+    torch.Tensor.__rmatmul__,
+    torch.mm,
+    torch.Tensor.mm,
+    torch.bmm,
+    torch.Tensor.bmm,
+    torch.einsum,
+    torch.tensordot,
+    torch.inner,
+    torch.outer,
+    F.linear,
+    F.bilinear,
+    torch.transpose,
+    torch.Tensor.transpose,
+    torch.t,
+    torch.Tensor.t,
+    torch.permute,
+    torch.Tensor.permute,
+    torch.Tensor.mT.__get__,  # type: ignore[attr-defined]
+    torch.Tensor.T.__get__,  # type: ignore[attr-defined]
+}
+
+
+def _axis(tag: int) -> int:
+    return 0 if tag == 0 else -1
+
+
+def _find_tag(obj: Any, found: list[tuple[int, torch.Tensor]]) -> None:
+    if isinstance(obj, torch.Tensor):
+        tag = getattr(obj, _PARALLEL_DIM, None)
+        if tag is not None:
+            found.append((tag, obj))
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            _find_tag(o, found)
+
+
+def _keeps_split(ret: torch.Tensor, src: torch.Tensor, tag: int) -> bool:
+    if ret.dim() == 0 or src.dim() == 0:
+        return False
+    ax = _axis(tag)
+    return bool(ret.shape[ax] == src.shape[ax])
+
+
+def tag_output(t: torch.Tensor, tag: int | None) -> torch.Tensor:
+    """Return ``t`` as a :class:`ParallelTensor` tagged ``tag`` (or a plain tensor for None)."""
+    if tag is None:
+        return untag(t)
+    out = t if type(t) is ParallelTensor else t.as_subclass(ParallelTensor)
+    setattr(out, _PARALLEL_DIM, tag)
+    return out
+
+
+def untag(t: torch.Tensor) -> torch.Tensor:
+    """A plain ``torch.Tensor`` alias of ``t`` without tag."""
+    if type(t) is torch.Tensor:
+        return t
+    out = t.as_subclass(torch.Tensor)
+    if _PARALLEL_DIM in out.__dict__:
+        delattr(out, _PARALLEL_DIM)
+    return out
+
+
+class ParallelTensor(torch.Tensor):
+    """An activation split over the tensor-parallel group; its tag follows shape-preserving ops.
+
+    The tag is copied to the result of any torch op whose input carries it, when the result keeps
+    the size of the split dimension (last dim for tag -1/1, first dim for tag 0); matrix products,
+    transposes and permutations never propagate it. Two inputs tagged differently raise
+    ``ValueError`` (tag mismatch).
+    """
+
+    @classmethod
+    def __torch_function__(
+        cls,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        with torch._C.DisableTorchFunctionSubclass():
+            ret = func(*args, **kwargs)
+        if func in _CONTRACTIONS:
+            return ret
+        found: list[tuple[int, torch.Tensor]] = []
+        _find_tag(args, found)
+        _find_tag(list(kwargs.values()), found)
+        if not found:
+            return ret
+        tags = {_axis(t) for t, _ in found}
+        if len(tags) > 1:
+            raise ValueError(f"tag mismatch: inputs of {getattr(func, '__name__', func)} are split along different dims")
+        tag, src = found[0]
+        if isinstance(ret, torch.Tensor):
+            if type(ret) is torch.Tensor and _keeps_split(ret, src, tag):
+                return tag_output(ret, tag)
+            return ret
+        if type(ret) in (tuple, list):
+            items = [
+                tag_output(r, tag)
+                if isinstance(r, torch.Tensor) and type(r) is torch.Tensor and _keeps_split(r, src, tag)
+                else r
+                for r in ret
+            ]
+            return type(ret)(items)
+        return ret

@@ -1,0 +1,157 @@
+"""Vocab-parallel cross-entropy: native fused per-row passes + one all-gather of N x 4 statistics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from distkit_common.dtypes import code_of
+
+from . import _shardlayers
+from .distributed._ops import exchange_sizes
+
+_REDUCTIONS = ("none", "mean", "sum")
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The accumulation dtype (float64 for float64 logits, else float32)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _stream(t: torch.Tensor) -> int:
+    return int(torch.cuda.current_stream(t.device).cuda_stream)
+
+
+def native_stats(
+    x: torch.Tensor, target: torch.Tensor, vstart: int, weight: torch.Tensor | None, want_sum: bool
+) -> torch.Tensor:
+    """Per-row local ``(max, sum exp(x - max), target logit, sum w*x)`` of 2-D logits ``x``."""
+    n, c = x.shape
+    out = torch.empty((n, 4), dtype=acc_dtype(x.dtype), device=x.device)
+    wp = 0 if weight is None else weight.data_ptr()
+    args = (x.data_ptr(), n, c, x.stride(0), code_of(x.dtype), target.data_ptr(), vstart, wp, want_sum, out.data_ptr())
+    if x.device.type == "cuda":
+        _shardlayers.xent_stats_cuda(*args, _stream(x))
+    else:
+        _shardlayers.xent_stats_cpu(*args)
+    return out
+
+
+def native_grad(
+    x: torch.Tensor, target: torch.Tensor, vstart: int, weight: torch.Tensor | None, coef: torch.Tensor
+) -> torch.Tensor:
+    """Gradient ``cp * exp(x - lse) - cw * w - [j == t] ct`` per row (``coef = [lse, cp, ct, cw]``)."""
+    n, c = x.shape
+    grad = torch.empty((n, c), dtype=x.dtype, device=x.device)
+    wp = 0 if weight is None else weight.data_ptr()
+    args = (x.data_ptr(), grad.data_ptr(), n, c, x.stride(0), code_of(x.dtype), target.data_ptr(), vstart, wp)
+    if x.device.type == "cuda":
+        _shardlayers.xent_grad_cuda(*args, coef.data_ptr(), _stream(x))
+    else:
+        _shardlayers.xent_grad_cpu(*args, coef.data_ptr())
+    return grad
+
+
+def _combine(stats: torch.Tensor, group: Any, p: int) -> torch.Tensor:
+    """Merge the per-rank (m, s, xt, swx) rows into global (M, S, xt, swx)."""
+    if p == 1:
+        return stats
+    bufs = [torch.empty_like(stats) for _ in range(p)]
+    dist.all_gather(bufs, stats.contiguous(), group=group)
+    allst = torch.stack(bufs)  # [p, N, 4]
+    m = allst[..., 0]
+    big = m.max(dim=0).values
+    safe = torch.where(torch.isinf(big), torch.zeros_like(big), big)
+    scale = torch.where(allst[..., 1] > 0, torch.exp(m - safe), torch.zeros_like(m))
+    s = (allst[..., 1] * scale).sum(0)
+    rest = allst[..., 2:].sum(0)
+    return torch.cat([safe.unsqueeze(-1), s.unsqueeze(-1), rest], dim=-1)
+
+
+class VocabParallelCrossEntropy(torch.autograd.Function):
+    """Forward computes loss and the (unscaled) gradient; backward only scales it."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        logits: torch.Tensor,
+        target: torch.Tensor,
+        weight: torch.Tensor | None,
+        ignore_index: int,
+        reduction: str,
+        label_smoothing: float,
+        group: Any,
+    ) -> torch.Tensor:
+        p = 1 if group is None else int(dist.get_world_size(group))
+        rank = 0 if group is None else int(dist.get_rank(group))
+        c_local = logits.shape[-1]
+        x = logits.reshape(-1, c_local)
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        t = target.reshape(-1).to(torch.int64).contiguous()
+        sizes = exchange_sizes(c_local, group) if p > 1 else [c_local]
+        n_classes = sum(sizes)
+        vstart = sum(sizes[:rank])
+        valid = t != ignore_index
+        if t.numel():
+            bad = valid & ((t < 0) | (t >= n_classes))
+            if bool(bad.any()):
+                idx = int(t[bad][0].item())
+                raise IndexError(f"target {idx} is out of bounds for {n_classes} classes")
+        acc = acc_dtype(x.dtype)
+        w_local = None
+        if weight is not None:
+            if weight.dim() != 1 or weight.shape[0] != n_classes:
+                raise ValueError(f"weight must have shape ({n_classes},), got {tuple(weight.shape)}")
+            weight = weight.to(device=x.device, dtype=acc)
+            w_local = weight.narrow(0, vstart, c_local).contiguous()
+        eps = float(label_smoothing)
+        stats = _combine(native_stats(x, t, vstart, w_local, eps > 0), group, p)
+        lse = stats[:, 0] + torch.log(stats[:, 1])
+        xt, swx = stats[:, 2], stats[:, 3]
+        vf = valid.to(acc)
+        tc = torch.where(valid, t, torch.zeros_like(t))
+        w_t = weight.gather(0, tc) * vf if weight is not None else vf
+        w_sum = weight.sum() if weight is not None else torch.tensor(float(n_classes), dtype=acc, device=x.device)
+        rows = (1.0 - eps) * w_t * torch.where(valid, lse - xt, torch.zeros_like(lse))
+        if eps > 0:
+            rows = rows + (eps / n_classes) * torch.where(valid, w_sum * lse - swx, torch.zeros_like(lse))
+        if reduction == "none":
+            loss = rows.reshape(target.shape)
+            scale = torch.ones_like(lse)
+        elif reduction == "sum":
+            loss = rows.sum()
+            scale = torch.ones_like(lse)
+        else:
+            denom = w_t.sum()
+            loss = rows.sum() / denom
+            scale = (1.0 / denom).expand_as(lse)
+        cp = scale * ((1.0 - eps) * w_t + (eps / n_classes) * w_sum * vf)
+        ct = scale * (1.0 - eps) * w_t
+        cw = scale * (eps / n_classes) * vf
+        coef = torch.stack([torch.where(valid, lse, torch.zeros_like(lse)), cp, ct, cw], dim=-1).contiguous()
+        grad = native_grad(x, t, vstart, w_local, coef)
+        ctx.save_for_backward(grad)
+        ctx.reduction = reduction
+        ctx.shape = logits.shape
+        ctx.scaled = False
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            return loss.to(torch.float32)
+        return loss.to(logits.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        (grad,) = ctx.saved_tensors
+        if ctx.reduction == "none":
+            factor = g.reshape(-1, 1).to(grad.dtype)
+        else:
+            if bool((g == 1).all()):
+                return grad.view(ctx.shape), None, None, None, None, None, None
+            factor = g.to(grad.dtype)
+        if ctx.scaled:
+            raise RuntimeError("parallel_cross_entropy: backward through the same loss twice is not supported")
+        ctx.scaled = True
+        grad.mul_(factor)  # in place: the buffer is ours, no second copy of the logits
+        return grad.view(ctx.shape), None, None, None, None, None, None

@@ -1,0 +1,256 @@
+"""Collectives on the tensor-parallel group and the autograd ops built on them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .._tag import tag_output, untag
+from ._state import state
+
+
+def group_info() -> tuple[Any, int, int]:
+    """``(group, size, rank)`` of the tensor-parallel group (RuntimeError when absent)."""
+    s = state()
+    return s.tp_group, s.group_size, s.tp_ranks.index(dist.get_rank())
+
+
+def _size(group: Any) -> int:
+    return int(dist.get_world_size(group))
+
+
+def all_reduce_(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """In-place sum over ``group`` (no-op for one rank)."""
+    if _size(group) > 1:
+        dist.all_reduce(x, group=group)
+    return x
+
+
+def exchange_sizes(n: int, group: Any) -> list[int]:
+    """Every rank's ``n`` (one tiny all-gather)."""
+    p = _size(group)
+    if p == 1:
+        return [n]
+    t = torch.tensor([n], dtype=torch.int64)
+    out = [torch.empty_like(t) for _ in range(p)]
+    dist.all_gather(out, t, group=group)
+    return [int(o.item()) for o in out]
+
+
+def all_gather(x: torch.Tensor, dim: int, group: Any, sizes: list[int] | None = None) -> torch.Tensor:
+    """Concatenate every rank's ``x`` along ``dim`` (chunks may differ in size along ``dim``)."""
+    p = _size(group)
+    if p == 1:
+        return x
+    dim = dim % x.dim()
+    if sizes is None:
+        sizes = exchange_sizes(x.shape[dim], group)
+    big = max(sizes)
+    xs = x.contiguous()
+    if xs.shape[dim] < big:
+        pad = list(xs.shape)
+        pad[dim] = big - xs.shape[dim]
+        xs = torch.cat([xs, xs.new_zeros(pad)], dim=dim)
+    bufs = [torch.empty_like(xs) for _ in range(p)]
+    dist.all_gather(bufs, xs, group=group)
+    if any(s != big for s in sizes):
+        bufs = [b.narrow(dim, 0, s) for b, s in zip(bufs, sizes, strict=True)]
+    return torch.cat(bufs, dim=dim)
+
+
+def split(x: torch.Tensor, dim: int, group: Any, sizes: list[int] | None = None) -> torch.Tensor:
+    """This rank's chunk of ``x`` along ``dim`` (``sizes`` default: even/uneven partition)."""
+    p = _size(group)
+    if p == 1:
+        return x
+    from .._split import partition_sizes
+
+    rank = dist.get_rank(group)
+    if sizes is None:
+        sizes = partition_sizes(x.shape[dim], p, uneven=True)
+    start = sum(sizes[:rank])
+    return x.narrow(dim, start, sizes[rank]).contiguous()
+
+
+def reduce_scatter(x: torch.Tensor, dim: int, group: Any, sizes: list[int] | None = None) -> torch.Tensor:
+    """Sum over ``group`` and keep this rank's chunk along ``dim``."""
+    p = _size(group)
+    if p == 1:
+        return x
+    from .._split import partition_sizes
+
+    if sizes is None:
+        sizes = partition_sizes(x.shape[dim], p, uneven=True)
+    if dist.get_backend(group) != "gloo" and dim % x.dim() == 0 and len(set(sizes)) == 1:
+        out = x.new_empty((sizes[0], *x.shape[1:]))
+        dist.reduce_scatter_tensor(out, x.contiguous(), group=group)
+        return out
+    y = x.contiguous().clone()
+    dist.all_reduce(y, group=group)  # gloo has no reduce-scatter
+    return split(y, dim, group, sizes)
+
+
+class _Copy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        return all_reduce_(g.contiguous().clone(), ctx.group), None
+
+
+class _Reduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, inplace: bool) -> torch.Tensor:
+        y = x.contiguous() if inplace else x.contiguous().clone()
+        return all_reduce_(y, group)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+        return g, None, None
+
+
+class _Scatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dim: int, group: Any, sizes: list[int] | None) -> torch.Tensor:
+        ctx.dim, ctx.group = dim, group
+        from .._split import partition_sizes
+
+        ctx.sizes = sizes if sizes is not None else partition_sizes(x.shape[dim], _size(group), uneven=True)
+        return split(x, dim, group, ctx.sizes)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+        return all_gather(g, ctx.dim, ctx.group, ctx.sizes), None, None, None
+
+
+class _Gather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dim: int, group: Any, sizes: list[int] | None) -> torch.Tensor:
+        if sizes is None:
+            sizes = exchange_sizes(x.shape[dim], group)
+        ctx.dim, ctx.group, ctx.sizes = dim, group, sizes
+        return all_gather(x, dim, group, sizes)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+        return split(g, ctx.dim, ctx.group, ctx.sizes), None, None, None
+
+
+class _ReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dim: int, group: Any, sizes: list[int] | None) -> torch.Tensor:
+        from .._split import partition_sizes
+
+        ctx.dim, ctx.group = dim, group
+        ctx.sizes = sizes if sizes is not None else partition_sizes(x.shape[dim], _size(group), uneven=True)
+        return reduce_scatter(x, dim, group, ctx.sizes)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+        return all_gather(g, ctx.dim, ctx.group, ctx.sizes), None, None, None
+
+
+class _GatherReduceScatter(torch.autograd.Function):
+    """All-gather forward, reduce-scatter backward (sequence-parallel entry)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dim: int, group: Any, sizes: list[int] | None) -> torch.Tensor:
+        if sizes is None:
+            sizes = exchange_sizes(x.shape[dim], group)
+        ctx.dim, ctx.group, ctx.sizes = dim, group, sizes
+        return all_gather(x, dim, group, sizes)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+        return reduce_scatter(g, ctx.dim, ctx.group, ctx.sizes), None, None, None
+
+
+def _check_tensor(x: Any) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"input must be a torch.Tensor, got {type(x).__name__}")
+
+
+def _check_axis(x: torch.Tensor, dim: int) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"dim must be an int, got {dim!r}")
+    if not -x.dim() <= dim < x.dim():
+        raise IndexError(f"dim {dim} out of range for a tensor of shape {tuple(x.shape)}")
+    return dim % x.dim()
+
+
+def copy(input: torch.Tensor) -> torch.Tensor:
+    """Identity forward, all-reduce (sum) of the gradient over the tensor-parallel group backward.
+
+    Raises
+    ------
+    TypeError
+        If ``input`` is not a tensor.
+    RuntimeError
+        If the process groups are not initialised.
+    """
+    _check_tensor(input)
+    group, _, _ = group_info()
+    out: torch.Tensor = _Copy.apply(untag(input), group)
+    return out
+
+
+def reduce(input: torch.Tensor) -> torch.Tensor:
+    """All-reduce (sum) over the tensor-parallel group forward, identity backward.
+
+    Raises
+    ------
+    TypeError
+        If ``input`` is not a tensor.
+    RuntimeError
+        If the process groups are not initialised.
+    """
+    _check_tensor(input)
+    group, _, _ = group_info()
+    out: torch.Tensor = _Reduce.apply(untag(input), group, False)
+    return out
+
+
+def scatter(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Keep this rank's chunk along ``dim`` forward (tagged), all-gather the gradient backward.
+
+    Sizes that do not divide are split unevenly (first ranks get one more).
+
+    Raises
+    ------
+    TypeError
+        If ``input`` is not a tensor.
+    IndexError
+        If ``dim`` is out of range.
+    RuntimeError
+        If the process groups are not initialised.
+    """
+    _check_tensor(input)
+    axis = _check_axis(input, dim)
+    group, _, _ = group_info()
+    out: torch.Tensor = _Scatter.apply(untag(input), axis, group, None)
+    tag = -1 if axis == input.dim() - 1 else (0 if axis == 0 else None)
+    return tag_output(out, tag)
+
+
+def gather(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """All-gather along ``dim`` forward (untagged result), keep this rank's chunk backward.
+
+    Raises
+    ------
+    TypeError
+        If ``input`` is not a tensor.
+    IndexError
+        If ``dim`` is out of range.
+    RuntimeError
+        If the process groups are not initialised.
+    """
+    _check_tensor(input)
+    axis = _check_axis(input, dim)
+    group, _, _ = group_info()
+    out: torch.Tensor = _Gather.apply(untag(input), axis, group, None)
+    return out

@@ -1,0 +1,21 @@
+"""Parallel layers (TorchShard's ``ts.nn``) and Megatron-style extras."""
+
+from __future__ import annotations
+
+from . import functional, init
+from ._embedding import ParallelEmbedding, convert_parallel_embedding
+from ._linear import ColumnParallelLinear, ParallelLinear, RowParallelLinear, convert_parallel_linear
+from ._loss import ParallelCrossEntropyLoss, RegisterParallelDim
+
+__all__ = [
+    "ColumnParallelLinear",
+    "ParallelCrossEntropyLoss",
+    "ParallelEmbedding",
+    "ParallelLinear",
+    "RegisterParallelDim",
+    "RowParallelLinear",
+    "convert_parallel_embedding",
+    "convert_parallel_linear",
+    "functional",
+    "init",
+]

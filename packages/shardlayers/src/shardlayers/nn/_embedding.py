@@ -1,0 +1,152 @@
+"""ParallelEmbedding: vocab-parallel (dim=0) or embedding-dim-parallel (dim=-1)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._split import partition_range
+from .._tag import _FULL_SIZE, check_dim, register_parallel_attribute
+from . import functional as PF
+from ._linear import _check_features, _convert, _load_slices, _tp
+from .init import shard_init_helper_
+
+
+class ParallelEmbedding(nn.Module):
+    """Embedding table split over the tensor-parallel group.
+
+    The weight uses ``nn.Embedding``'s layout ``[num_embeddings, embedding_dim]`` (order type 1).
+
+    - ``dim=None``: plain ``nn.Embedding``.
+    - ``dim=0`` (vocab parallel): weight ``[V_local, D]``; the full output is formed by an all-reduce.
+    - ``dim=-1`` or ``1``: weight ``[V, D_local]``; the output is split along its last dim, tagged -1.
+
+    Parameters
+    ----------
+    num_embeddings, embedding_dim : int
+        Full sizes.
+    padding_idx : int, optional
+        Global index of the padding row (zero and never updated).
+    max_norm, norm_type, scale_grad_by_freq, sparse
+        As in ``nn.Embedding`` (``max_norm`` not with ``dim=-1``).
+    dim : {None, 0, 1, -1}
+        Parallel dim.
+    uneven : bool
+        Allow a split size that does not divide the group size.
+    device, dtype : optional
+        Placement of the weight.
+
+    Raises
+    ------
+    ValueError
+        Invalid ``dim``, sizes, ``padding_idx``, or a size that does not divide.
+    RuntimeError
+        If ``dim`` is not None and the process groups are not initialised.
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        padding_idx: int | None = None,
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        sparse: bool = False,
+        dim: int | None = None,
+        *,
+        uneven: bool = False,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        self.num_embeddings = _check_features("num_embeddings", num_embeddings)
+        self.embedding_dim = _check_features("embedding_dim", embedding_dim)
+        self.dim = check_dim(dim)
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError(f"padding_idx {padding_idx} out of range for {num_embeddings} embeddings")
+            padding_idx = padding_idx % num_embeddings
+        if max_norm is not None and dim in (1, -1):
+            raise ValueError("max_norm is not supported with dim=-1 (each rank holds part of every row)")
+        self.padding_idx = padding_idx
+        self.max_norm = max_norm
+        self.norm_type = norm_type
+        self.scale_grad_by_freq = scale_grad_by_freq
+        self.sparse = sparse
+        v_l, d_l = num_embeddings, embedding_dim
+        if dim is not None:
+            p, r = _tp()
+            if dim == 0:
+                v_l = partition_range(num_embeddings, p, r, uneven=uneven, what="num_embeddings")[1]
+            else:
+                d_l = partition_range(embedding_dim, p, r, uneven=uneven, what="embedding_dim")[1]
+        self.weight = nn.Parameter(torch.empty((v_l, d_l), device=device, dtype=dtype))
+        register_parallel_attribute(self.weight, dim, 1)
+        if dim == 0:
+            setattr(self.weight, _FULL_SIZE, num_embeddings)
+        elif dim is not None:
+            setattr(self.weight, _FULL_SIZE, embedding_dim)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``nn.Embedding``'s initialisation (normal, padding row zero) of the full table, sliced."""
+
+        def init(full: torch.Tensor) -> None:
+            nn.init.normal_(full)
+            if self.padding_idx is not None:
+                full[self.padding_idx].fill_(0)
+
+        shard_init_helper_(init, self.weight)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """Look up ``input`` (see the class docstring)."""
+        return PF.parallel_embedding(
+            input, self.weight, self.padding_idx, self.max_norm, self.norm_type,
+            self.scale_grad_by_freq, self.sparse, self.dim,
+        )
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, dim={self.dim}"
+
+    @classmethod
+    def convert_parallel_embedding(cls, module: nn.Module, dim: int | None = None, *, uneven: bool = False) -> nn.Module:
+        """See :func:`convert_parallel_embedding`."""
+        return convert_parallel_embedding(module, dim, uneven=uneven)
+
+
+def convert_parallel_embedding(module: nn.Module, dim: int | None = None, *, uneven: bool = False) -> nn.Module:
+    """Replace every ``nn.Embedding`` in ``module`` (nested too) by a :class:`ParallelEmbedding`
+    holding the matching slice of its table.
+
+    Returns
+    -------
+    nn.Module
+        The converted module.
+
+    Raises
+    ------
+    TypeError
+        If ``module`` is not an ``nn.Module``.
+    ValueError
+        If ``dim`` is invalid or a size does not divide.
+    RuntimeError
+        If ``dim`` is not None and the process groups are not initialised.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+    check_dim(dim)
+
+    def make(m: nn.Module) -> nn.Module | None:
+        if type(m) is not nn.Embedding:
+            return None
+        new = ParallelEmbedding(
+            m.num_embeddings, m.embedding_dim, m.padding_idx, m.max_norm, m.norm_type,
+            m.scale_grad_by_freq, m.sparse, dim, uneven=uneven, device=m.weight.device, dtype=m.weight.dtype,
+        )
+        _load_slices(new, m)
+        return new
+
+    return _convert(module, make)

@@ -1,0 +1,304 @@
+"""ParallelLinear (TorchShard) and the Megatron-style Column/RowParallelLinear."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._split import partition_range
+from .._tag import _FULL_SIZE, check_dim, register_parallel_attribute
+from . import functional as PF
+from .init import shard_init_helper_
+
+
+def _tp() -> tuple[int, int]:
+    from ..distributed import get_group_size, get_rank
+
+    return get_group_size(), get_rank()
+
+
+def _check_features(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an int, got {v!r}")
+    if v < 1:
+        raise ValueError(f"{name} must be >= 1, got {v}")
+    return v
+
+
+class ParallelLinear(nn.Module):
+    """Linear layer split over the tensor-parallel group.
+
+    The weight uses ``nn.Linear``'s layout ``[out, in]`` (order type 0), so state dicts are
+    interchangeable with ``nn.Linear``:
+
+    - ``dim=None``: plain ``nn.Linear`` (weight ``[out, in]``, replicated).
+    - ``dim=-1`` or ``1`` (column): weight ``[out_local, in]``, bias ``[out_local]``; the output is
+      split along its last dim and tagged ``-1``.
+    - ``dim=0`` (row): weight ``[out, in_local]``, bias ``[out]`` replicated; the input is used as is
+      when tagged split (else scattered), partial outputs are all-reduced and the bias is added once.
+
+    Parameters
+    ----------
+    in_features, out_features : int
+        Full (unsplit) sizes.
+    bias : bool
+        Learn an additive bias.
+    dim : {None, 0, 1, -1}
+        Parallel dim.
+    uneven : bool
+        Allow a split size that does not divide the group size.
+    device, dtype : optional
+        Placement of the parameters (initialised on the CPU, then moved).
+
+    Raises
+    ------
+    ValueError
+        If ``dim`` is not None/0/1/-1, or the split size does not divide (and not ``uneven``).
+    RuntimeError
+        If ``dim`` is not None and the process groups are not initialised.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        dim: int | None = None,
+        *,
+        uneven: bool = False,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        self.in_features = _check_features("in_features", in_features)
+        self.out_features = _check_features("out_features", out_features)
+        self.dim = check_dim(dim)
+        self.uneven = bool(uneven)
+        out_l, in_l = out_features, in_features
+        if dim is not None:
+            p, r = _tp()
+            if dim in (1, -1):
+                out_l = partition_range(out_features, p, r, uneven=uneven, what="out_features")[1]
+            else:
+                in_l = partition_range(in_features, p, r, uneven=uneven, what="in_features")[1]
+        kw = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty((out_l, in_l), **kw))  # type: ignore[arg-type]
+        register_parallel_attribute(self.weight, dim, 0)
+        if dim in (1, -1):
+            setattr(self.weight, _FULL_SIZE, out_features)
+        elif dim == 0:
+            setattr(self.weight, _FULL_SIZE, in_features)
+        if bias:
+            self.bias: nn.Parameter | None = nn.Parameter(torch.empty((out_l,), **kw))  # type: ignore[arg-type]
+            register_parallel_attribute(self.bias, dim if dim in (1, -1) else None, 0)
+            if dim in (1, -1):
+                setattr(self.bias, _FULL_SIZE, out_features)
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``nn.Linear``'s initialisation of the full weight (same RNG draws), then sliced."""
+        shard_init_helper_(nn.init.kaiming_uniform_, self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.in_features)
+            shard_init_helper_(nn.init.uniform_, self.bias, a=-bound, b=bound)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """Apply the layer (see the class docstring)."""
+        return PF.parallel_linear(input, self.weight, self.bias, self.dim)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, dim={self.dim}"
+        )
+
+    @classmethod
+    def convert_parallel_linear(cls, module: nn.Module, dim: int | None = None, *, uneven: bool = False) -> nn.Module:
+        """Replace every ``nn.Linear`` in ``module`` (itself or nested) by a ``ParallelLinear``
+        holding the matching slice of its parameters.
+
+        Returns
+        -------
+        nn.Module
+            The converted module (``module`` itself, modified, unless it is an ``nn.Linear``).
+
+        Raises
+        ------
+        ValueError
+            If ``dim`` is invalid or a size does not divide.
+        RuntimeError
+            If ``dim`` is not None and the process groups are not initialised.
+        """
+        return convert_parallel_linear(module, dim, uneven=uneven)
+
+
+class ColumnParallelLinear(ParallelLinear):
+    """Megatron's column-parallel linear: weight split along the output features.
+
+    Parameters
+    ----------
+    in_features, out_features : int
+        Full sizes.
+    bias : bool
+        Learn a (split) bias.
+    gather_output : bool
+        All-gather the output (full, untagged); else keep it split and tagged -1.
+    sequence_parallel : bool
+        The input is split along ``sequence_dim``: it is all-gathered forward and its gradient is
+        reduce-scattered backward (instead of an all-reduce).
+    sequence_dim : int
+        Sequence dimension of the input (Megatron uses ``[s, b, h]``, i.e. 0).
+    uneven, device, dtype
+        As for :class:`ParallelLinear`.
+
+    Raises
+    ------
+    ValueError
+        Bad sizes, or ``gather_output`` with ``sequence_parallel``.
+    RuntimeError
+        If the process groups are not initialised.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        gather_output: bool = True,
+        *,
+        sequence_parallel: bool = False,
+        sequence_dim: int = 0,
+        uneven: bool = False,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        if gather_output and sequence_parallel:
+            raise ValueError("gather_output=True is incompatible with sequence_parallel=True")
+        super().__init__(in_features, out_features, bias, -1, uneven=uneven, device=device, dtype=dtype)
+        self.gather_output = bool(gather_output)
+        self.sequence_parallel = bool(sequence_parallel)
+        self.sequence_dim = int(sequence_dim)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """Apply the layer."""
+        return PF.column_linear(
+            input,
+            self.weight,
+            self.bias,
+            gather_output=self.gather_output,
+            sequence_dim=self.sequence_dim if self.sequence_parallel else None,
+        )
+
+
+class RowParallelLinear(ParallelLinear):
+    """Megatron's row-parallel linear: weight split along the input features, bias replicated.
+
+    Parameters
+    ----------
+    in_features, out_features : int
+        Full sizes.
+    bias : bool
+        Learn a bias (added once after the reduction, identical on every rank).
+    input_is_parallel : bool
+        The input is already split along its last dim (else it is scattered).
+    sequence_parallel : bool
+        Reduce-scatter the output along ``sequence_dim`` instead of all-reducing it (requires
+        ``input_is_parallel``); the bias gradient is then summed over the group.
+    sequence_dim : int
+        Sequence dimension of the output.
+    uneven, device, dtype
+        As for :class:`ParallelLinear`.
+
+    Raises
+    ------
+    ValueError
+        Bad sizes, or ``sequence_parallel`` without ``input_is_parallel``.
+    RuntimeError
+        If the process groups are not initialised.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        input_is_parallel: bool = False,
+        *,
+        sequence_parallel: bool = False,
+        sequence_dim: int = 0,
+        uneven: bool = False,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        if sequence_parallel and not input_is_parallel:
+            raise ValueError("sequence_parallel=True requires input_is_parallel=True")
+        super().__init__(in_features, out_features, bias, 0, uneven=uneven, device=device, dtype=dtype)
+        self.input_is_parallel = bool(input_is_parallel)
+        self.sequence_parallel = bool(sequence_parallel)
+        self.sequence_dim = int(sequence_dim)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """Apply the layer."""
+        return PF.row_linear(
+            input,
+            self.weight,
+            self.bias,
+            input_is_parallel=self.input_is_parallel,
+            sequence_dim=self.sequence_dim if self.sequence_parallel else None,
+        )
+
+
+def _convert(module: nn.Module, make: Any) -> nn.Module:
+    new = make(module)
+    if new is not None:
+        return new  # type: ignore[no-any-return]
+    for name, child in list(module.named_children()):
+        setattr(module, name, _convert(child, make))
+    return module
+
+
+def convert_parallel_linear(module: nn.Module, dim: int | None = None, *, uneven: bool = False) -> nn.Module:
+    """Replace every ``nn.Linear`` in ``module`` (nested too) by a :class:`ParallelLinear` with
+    parallel dim ``dim`` holding the matching slice of the original parameters.
+
+    Returns
+    -------
+    nn.Module
+        The converted module.
+
+    Raises
+    ------
+    TypeError
+        If ``module`` is not an ``nn.Module``.
+    ValueError
+        If ``dim`` is invalid or a size does not divide.
+    RuntimeError
+        If ``dim`` is not None and the process groups are not initialised.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+    check_dim(dim)
+
+    def make(m: nn.Module) -> nn.Module | None:
+        if type(m) is not nn.Linear:
+            return None
+        new = ParallelLinear(
+            m.in_features, m.out_features, m.bias is not None, dim, uneven=uneven,
+            device=m.weight.device, dtype=m.weight.dtype,
+        )
+        _load_slices(new, m)
+        return new
+
+    return _convert(module, make)
+
+
+def _load_slices(new: nn.Module, old: nn.Module) -> None:
+    from .._state_dict import relocate_state_dict
+
+    sd = relocate_state_dict(new, old.state_dict())
+    new.load_state_dict(sd)

@@ -1,0 +1,318 @@
+"""Functional forms of the parallel layers: ``parallel_linear``, ``parallel_embedding``,
+``parallel_cross_entropy``.
+
+Weights passed here are the local shards (as held by the modules); the parallel dim says how the
+full weight was split.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .._split import partition_sizes
+from .._tag import _FULL_SIZE, _PARALLEL_DIM, check_dim, tag_output, untag
+from .._xent import _FLOATS, _REDUCTIONS, VocabParallelCrossEntropy
+from ..distributed import _ops
+from ..distributed._ops import group_info
+
+__all__ = ["parallel_cross_entropy", "parallel_embedding", "parallel_linear"]
+
+
+def _is_column_tag(t: torch.Tensor) -> bool:
+    return getattr(t, _PARALLEL_DIM, None) in (1, -1)
+
+
+class _ColumnLinear(torch.autograd.Function):
+    """y = x W^T + b on a full (or sequence-gathered) input; backward overlaps the input-gradient
+    all-reduce (or reduce-scatter) with the weight-gradient matmul."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        group: Any,
+        seq_dim: int | None,
+    ) -> torch.Tensor:
+        total = x
+        sizes = None
+        if seq_dim is not None:
+            sizes = _ops.exchange_sizes(x.shape[seq_dim], group)
+            total = _ops.all_gather(x, seq_dim, group, sizes)
+        ctx.save_for_backward(total, weight)
+        ctx.group, ctx.seq_dim, ctx.sizes, ctx.has_bias = group, seq_dim, sizes, bias is not None
+        return F.linear(total, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        total, weight = ctx.saved_tensors
+        group = ctx.group
+        p = int(dist.get_world_size(group))
+        g = g.contiguous()
+        grad_in = None
+        handle = None
+        if ctx.needs_input_grad[0]:
+            grad_in = g.matmul(weight)
+            if p > 1 and ctx.seq_dim is None:
+                handle = dist.all_reduce(grad_in, group=group, async_op=True)
+        g2 = g.reshape(-1, g.shape[-1])
+        grad_w = g2.t().matmul(total.reshape(-1, total.shape[-1])) if ctx.needs_input_grad[1] else None
+        grad_b = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        if handle is not None:
+            handle.wait()
+        if grad_in is not None and ctx.seq_dim is not None:
+            grad_in = _ops.reduce_scatter(grad_in, ctx.seq_dim, group, ctx.sizes)
+        return grad_in, grad_w, grad_b, None, None
+
+
+def _full_size(t: torch.Tensor, axis: int, p: int) -> int:
+    return int(getattr(t, _FULL_SIZE, t.shape[axis] * p))
+
+
+def column_linear(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    gather_output: bool = False,
+    sequence_dim: int | None = None,
+) -> torch.Tensor:
+    """Column-parallel linear on local shards ``weight [out_local, in]``, ``bias [out_local]``."""
+    group, p, _ = group_info()
+    if _is_column_tag(input) and sequence_dim is None:
+        raise ValueError(
+            "tag mismatch: the input of a column-parallel linear (dim=-1) is tagged as split along its "
+            "last dim; gather it first (ts.distributed.gather) or use a row-parallel layer (dim=0)"
+        )
+    x = untag(input)
+    if x.shape[-1] != weight.shape[-1]:
+        raise ValueError(f"input has {x.shape[-1]} features, the layer expects {weight.shape[-1]}")
+    seq = None
+    if sequence_dim is not None:
+        seq = sequence_dim % x.dim()
+    out: torch.Tensor = _ColumnLinear.apply(x, weight, bias, group, seq)
+    if gather_output:
+        return _ops._Gather.apply(out, out.dim() - 1, group, partition_sizes(_full_size(weight, 0, p), p))  # type: ignore[no-any-return]
+    return tag_output(out, -1)
+
+
+def row_linear(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    input_is_parallel: bool | None = None,
+    sequence_dim: int | None = None,
+) -> torch.Tensor:
+    """Row-parallel linear on local shards ``weight [out, in_local]`` and a replicated ``bias``.
+
+    The partial products are all-reduced (or reduce-scattered along ``sequence_dim``) and the
+    bias is added once, after the reduction, so it stays identical on every rank.
+    """
+    group, p, _ = group_info()
+    tag = getattr(input, _PARALLEL_DIM, None)
+    if tag == 0:
+        raise ValueError(
+            "tag mismatch: the input of a row-parallel linear (dim=0) is tagged as split along dim 0; "
+            "expected a last-dim split (-1) or an unsplit input"
+        )
+    x = untag(input)
+    parallel = tag in (1, -1) if input_is_parallel is None else bool(input_is_parallel)
+    if parallel:
+        if x.shape[-1] != weight.shape[-1]:
+            raise ValueError(
+                f"tag mismatch: input is split along its last dim with local size {x.shape[-1]}, "
+                f"but this rank's weight shard expects {weight.shape[-1]} input features"
+            )
+    else:
+        full = _full_size(weight, 1, p)
+        if x.shape[-1] != full:
+            raise ValueError(f"input has {x.shape[-1]} features, the layer expects {full}")
+        x = _ops._Scatter.apply(x, x.dim() - 1, group, partition_sizes(full, p))
+    partial = F.linear(x, weight)
+    if sequence_dim is not None:
+        out: torch.Tensor = _ops._ReduceScatter.apply(partial, sequence_dim % partial.dim(), group, None)
+        if bias is not None:
+            out = out + _ops._Copy.apply(bias, group)  # each rank saw part of the sequence: sum bias grads
+        return out
+    out = _ops._Reduce.apply(partial, group, True)
+    if bias is not None:
+        out = out + bias
+    return out
+
+
+def parallel_linear(
+    input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, dim: int | None = None
+) -> torch.Tensor:
+    """Linear layer over the tensor-parallel group, on this rank's weight shard.
+
+    Parameters
+    ----------
+    input : torch.Tensor
+        ``[*, in]`` (or ``[*, in_local]`` tagged -1 for ``dim=0``).
+    weight : torch.Tensor
+        ``[out, in]`` for ``dim=None``; ``[out_local, in]`` for ``dim=-1``/``1``;
+        ``[out, in_local]`` for ``dim=0`` (``nn.Linear`` layout, order type 0).
+    bias : torch.Tensor, optional
+        ``[out_local]`` for column parallel, ``[out]`` (replicated) otherwise.
+    dim : {None, 0, 1, -1}
+        Parallel dim: None plain, -1/1 column (output split and tagged -1), 0 row (input split
+        or scattered, partial outputs all-reduced, bias added once).
+
+    Returns
+    -------
+    torch.Tensor
+
+    Raises
+    ------
+    ValueError
+        If ``dim`` is invalid, the sizes do not match, or the input's tag does not fit the layer.
+    RuntimeError
+        If ``dim`` is not None and the process groups are not initialised.
+    """
+    check_dim(dim)
+    if dim is None:
+        return F.linear(input, weight, bias)
+    if dim in (1, -1):
+        return column_linear(input, weight, bias)
+    return row_linear(input, weight, bias)
+
+
+def parallel_embedding(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    padding_idx: int | None = None,
+    max_norm: float | None = None,
+    norm_type: float = 2.0,
+    scale_grad_by_freq: bool = False,
+    sparse: bool = False,
+    dim: int | None = None,
+) -> torch.Tensor:
+    """Embedding lookup over the tensor-parallel group, on this rank's weight shard.
+
+    ``dim=0`` (vocab parallel): ``weight`` is ``[V_local, D]``, ids of other ranks give zeros,
+    and the results are all-reduced (full output). ``dim=-1``/``1``: ``weight`` is
+    ``[V, D_local]``, the output is split along its last dim and tagged -1. ``padding_idx`` is the
+    global index.
+
+    Returns
+    -------
+    torch.Tensor
+
+    Raises
+    ------
+    ValueError
+        If ``dim`` is invalid, or ``max_norm`` is used with ``dim=-1`` (norms would be partial).
+    TypeError
+        If ``input`` is not an integer tensor.
+    RuntimeError
+        If ``dim`` is not None and the process groups are not initialised.
+    """
+    check_dim(dim)
+    if not isinstance(input, torch.Tensor) or input.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"input must be an int64 or int32 tensor, got {getattr(input, 'dtype', type(input))}")
+    ids = untag(input)
+    if dim is None:
+        return F.embedding(ids, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
+    group, p, rank = group_info()
+    if dim in (1, -1):
+        if max_norm is not None:
+            raise ValueError("max_norm is not supported with dim=-1 (each rank holds part of every row)")
+        out = F.embedding(ids, weight, padding_idx, None, norm_type, scale_grad_by_freq, sparse)
+        return tag_output(out, -1)
+    sizes = partition_sizes(_full_size(weight, 0, p), p)
+    start, n = sum(sizes[:rank]), sizes[rank]
+    if n != weight.shape[0]:
+        raise ValueError(f"weight shard has {weight.shape[0]} rows, expected {n}")
+    outside = (ids < start) | (ids >= start + n)
+    local = torch.where(outside, torch.zeros_like(ids), ids - start)
+    pad = None
+    if padding_idx is not None:
+        pi = padding_idx + sum(sizes) if padding_idx < 0 else padding_idx
+        pad = pi - start if start <= pi < start + n else None
+    out = F.embedding(local, weight, pad, max_norm, norm_type, scale_grad_by_freq, sparse)
+    out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+    result: torch.Tensor = _ops._Reduce.apply(out, group, True)
+    return result
+
+
+def parallel_cross_entropy(
+    input: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
+    """Cross-entropy whose class dimension (the last) is split over the tensor-parallel group.
+
+    When ``input`` is tagged -1/1 (e.g. the output of a column-parallel ``ParallelLinear``), the
+    loss is computed without gathering the logits: a native per-row pass computes local max, sum of
+    exponentials, target logit (and the smoothing sum), one all-gather of ``N x 4`` numbers
+    combines them, and a second native pass writes the gradient (memory: one buffer the size of the
+    local logits). float16/bfloat16 logits are computed in float32 and the loss is float32.
+    An untagged input is treated as full logits and handed to ``F.cross_entropy``.
+
+    Parameters
+    ----------
+    input : torch.Tensor
+        Logits ``[*, C_local]`` (class dim last).
+    target : torch.Tensor
+        Class indices ``[*]`` (int64/int32); ``ignore_index`` entries contribute nothing.
+    weight : torch.Tensor, optional
+        Full per-class weight ``[C]`` (replicated).
+    ignore_index : int
+        Target value to ignore.
+    reduction : {'mean', 'sum', 'none'}
+        As in ``F.cross_entropy`` (weighted mean divides by the sum of target weights).
+    label_smoothing : float
+        In ``[0, 1]``, as in ``F.cross_entropy``.
+
+    Returns
+    -------
+    torch.Tensor
+
+    Raises
+    ------
+    TypeError
+        If ``input`` is not a floating tensor or ``target`` not an integer tensor.
+    ValueError
+        Bad ``reduction``, ``label_smoothing``, shapes, weight size, or a tag other than -1/1.
+    IndexError
+        If a target is outside ``[0, C)`` and not ``ignore_index``.
+    RuntimeError
+        If the input is tagged and the process groups are not initialised.
+    """
+    if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS:
+        raise TypeError(f"input must be a floating tensor, got {getattr(input, 'dtype', type(input))}")
+    if not isinstance(target, torch.Tensor) or target.dtype not in (torch.int64, torch.int32):
+        raise TypeError(
+            f"target must be an int64/int32 tensor of class indices, got {getattr(target, 'dtype', type(target))}"
+        )
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if not 0.0 <= float(label_smoothing) <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
+    if weight is not None and not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight must be a tensor or None, got {type(weight).__name__}")
+    tag = getattr(input, _PARALLEL_DIM, None)
+    if tag is None:
+        return F.cross_entropy(input, target, weight, ignore_index=ignore_index, reduction=reduction,
+                               label_smoothing=label_smoothing)
+    if tag not in (1, -1):
+        raise ValueError(f"tag mismatch: logits must be split along the class (last) dim (tag -1), got tag {tag}")
+    if input.dim() < 1 or tuple(target.shape) != tuple(input.shape[:-1]):
+        raise ValueError(
+            f"target shape {tuple(target.shape)} must equal the logits shape without the class dim "
+            f"{tuple(input.shape[:-1])}"
+        )
+    group, _, _ = group_info()
+    loss: torch.Tensor = VocabParallelCrossEntropy.apply(
+        untag(input), target, weight, int(ignore_index), reduction, float(label_smoothing), group
+    )
+    return loss

@@ -1,0 +1,285 @@
+"""Spawned body: every layer / dim / loss option against the single-process reference."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from distkit_common.testing import init_process_group
+from torch import nn
+
+import shardlayers as ts
+
+try:
+    from workers.common import close, raises, shard
+except ImportError:  # loaded by file path
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from workers.common import close, raises, shard
+
+
+def check_linear(p: int, r: int) -> None:
+    torch.manual_seed(0)
+    x_full = torch.randn(3, 5, 12, dtype=torch.float64)
+    for dim in (None, -1, 1, 0):
+        for out_f, uneven in ((8, False), (7, True)):
+            if dim is None and uneven:
+                continue
+            torch.manual_seed(1)
+            ref = nn.Linear(12, out_f, dtype=torch.float64) if dim != 0 else nn.Linear(out_f + 4, 6, dtype=torch.float64)
+            torch.manual_seed(1)
+            if dim == 0:
+                m = ts.nn.ParallelLinear(out_f + 4, 6, dim=0, uneven=uneven, dtype=torch.float64)
+            else:
+                m = ts.nn.ParallelLinear(12, out_f, dim=dim, uneven=uneven, dtype=torch.float64)
+            # RNG: parameters are slices of the single-process layer built with the same seed
+            axis = 1 if dim == 0 else 0
+            close(m.weight, shard(ref.weight, axis, p, r) if dim is not None else ref.weight, 0, 0, f"init w {dim}")
+            close(m.bias, shard(ref.bias, 0, p, r) if dim in (1, -1) else ref.bias, 0, 0, f"init b {dim}")
+            xin = x_full if dim != 0 else torch.randn(3, 5, out_f + 4, dtype=torch.float64)
+            for tagged_input in (False, True) if dim == 0 else (False,):
+                xr = xin.clone().requires_grad_(True)
+                yr = ref(xr)
+                gy = torch.randn_like(yr)
+                (yr * gy).sum().backward()
+                m.zero_grad()
+                xl = xin.clone().requires_grad_(True)
+                inp = xl
+                if tagged_input:
+                    inp = ts.distributed.scatter(xl, -1)
+                    assert ts.get_parallel_dim(inp) == -1
+                y = m(inp)
+                if dim in (1, -1):
+                    assert ts.get_parallel_dim(y) == -1
+                    close(y, shard(yr, -1, p, r), what=f"fwd col {dim}")
+                    (y * shard(gy, -1, p, r)).sum().backward()
+                else:
+                    assert ts.get_parallel_dim(y) is None
+                    close(y, yr, what=f"fwd {dim}")
+                    (y * gy).sum().backward()
+                close(xl.grad, xr.grad, what=f"dx {dim} tagged={tagged_input}")
+                close(m.weight.grad, shard(ref.weight.grad, axis, p, r) if dim is not None else ref.weight.grad,
+                      what=f"dw {dim}")
+                gb = shard(ref.bias.grad, 0, p, r) if dim in (1, -1) else ref.bias.grad
+                close(m.bias.grad, gb, what=f"db {dim}")
+                ref.zero_grad()
+    # functional form on the module's shards
+    m = ts.nn.ParallelLinear(12, 8, dim=-1, dtype=torch.float64)
+    close(ts.nn.functional.parallel_linear(x_full, m.weight, m.bias, -1), m(x_full), 0, 0, "functional")
+
+
+def check_megatron(p: int, r: int) -> None:
+    torch.manual_seed(2)
+    d = torch.float64
+    ref1, ref2 = nn.Linear(6, 10, dtype=d), nn.Linear(10, 6, dtype=d)
+    torch.manual_seed(2)
+    col = ts.nn.ColumnParallelLinear(6, 10, gather_output=False, uneven=True, dtype=d)
+    row = ts.nn.RowParallelLinear(10, 6, input_is_parallel=True, uneven=True, dtype=d)
+    colg = ts.nn.ColumnParallelLinear(6, 10, gather_output=True, uneven=True, dtype=d)
+    colg.load_state_dict(col.state_dict())
+    x = torch.randn(4, 3, 6, dtype=d)  # [s, b, h]
+    xr = x.clone().requires_grad_(True)
+    yr = ref2(F.gelu(ref1(xr)))
+    yr.square().sum().backward()
+    # gather_output gives the full output
+    close(colg(x), ref1(x), what="gather_output")
+    for sp in (False, True):
+        col.sequence_parallel = row.sequence_parallel = sp
+        col.zero_grad()
+        row.zero_grad()
+        xl = x.clone().requires_grad_(True)
+        inp = shard(xl, 0, p, r) if sp else xl
+        h = F.gelu(col(inp))
+        assert ts.get_parallel_dim(h) == -1  # the tag survives the activation
+        y = row(h)
+        expect = shard(yr, 0, p, r) if sp else yr
+        close(y, expect, what=f"mlp fwd sp={sp}")
+        y.square().sum().backward()
+        close(col.weight.grad, shard(ref1.weight.grad, 0, p, r), what=f"col dw sp={sp}")
+        close(col.bias.grad, shard(ref1.bias.grad, 0, p, r), what=f"col db sp={sp}")
+        close(row.weight.grad, shard(ref2.weight.grad, 1, p, r), what=f"row dw sp={sp}")
+        close(row.bias.grad, ref2.bias.grad, what=f"row db sp={sp}")
+        if not sp:
+            close(xl.grad, xr.grad, what="mlp dx")
+        else:
+            # each rank's input chunk gets the gradient of its own sequence chunk
+            close(shard(xl.grad, 0, p, r), shard(xr.grad, 0, p, r), what="sp dx")
+            close(xl.grad.abs().sum(), shard(xl.grad, 0, p, r).abs().sum(), what="sp dx elsewhere zero")
+
+
+def check_embedding(p: int, r: int) -> None:
+    d = torch.float64
+    for dim, uneven, nv, nd in ((None, False, 10, 6), (0, False, 12, 8), (0, True, 11, 6), (-1, False, 12, 8), (-1, True, 10, 7)):
+        torch.manual_seed(3)
+        ref = nn.Embedding(nv, nd, padding_idx=2, dtype=d)
+        torch.manual_seed(3)
+        m = ts.nn.ParallelEmbedding(nv, nd, padding_idx=2, dim=dim, uneven=uneven, dtype=d)
+        axis = 0 if dim == 0 else 1
+        close(m.weight, ref.weight if dim is None else shard(ref.weight, axis, p, r), 0, 0, f"emb init {dim}")
+        ids = torch.tensor([[0, 2, 9, 5], [3, 3, 1, nv - 1]])
+        yr = ref(ids)
+        gy = torch.randn_like(yr)
+        (yr * gy).sum().backward()
+        y = m(ids)
+        if dim == -1:
+            assert ts.get_parallel_dim(y) == -1
+            close(y, shard(yr, -1, p, r), what="emb fwd -1")
+            (y * shard(gy, -1, p, r)).sum().backward()
+        else:
+            close(y, yr, what=f"emb fwd {dim}")
+            (y * gy).sum().backward()
+        close(m.weight.grad, ref.weight.grad if dim is None else shard(ref.weight.grad, axis, p, r), what=f"emb dw {dim}")
+        close(ts.nn.functional.parallel_embedding(ids, m.weight, 2, dim=dim), y, 0, 0, "emb functional")
+
+
+def check_cross_entropy(p: int, r: int) -> None:
+    torch.manual_seed(4)
+    for c in (12, 13):
+        logits = torch.randn(7, c, dtype=torch.float64) * 3
+        target = torch.tensor([0, 5, c - 1, -100, 3, 7, 1])
+        weight = torch.rand(c, dtype=torch.float64) + 0.5
+        for w in (None, weight):
+            for eps in (0.0, 0.2):
+                for red in ("mean", "sum", "none"):
+                    xr = logits.clone().requires_grad_(True)
+                    lr = F.cross_entropy(xr, target, w, ignore_index=-100, reduction=red, label_smoothing=eps)
+                    g = torch.randn_like(lr) if red == "none" else torch.tensor(1.7, dtype=torch.float64)
+                    (lr * g).sum().backward()
+                    xl = shard(logits, -1, p, r).clone().requires_grad_(True)
+                    inp = ts.nn.RegisterParallelDim(-1)(xl)
+                    crit = ts.nn.ParallelCrossEntropyLoss(weight=w, ignore_index=-100, reduction=red, label_smoothing=eps)
+                    loss = crit(inp, target)
+                    what = f"xent c={c} w={w is not None} eps={eps} red={red}"
+                    close(loss, lr, 1e-10, 1e-10, what)
+                    (loss * g).sum().backward()
+                    close(xl.grad, shard(xr.grad, -1, p, r), 1e-10, 1e-10, what + " grad")
+        # 3-D logits [b, s, C] with the class dim last
+        l3 = torch.randn(2, 3, c, dtype=torch.float64)
+        t3 = torch.randint(0, c, (2, 3))
+        ref = F.cross_entropy(l3.reshape(-1, c), t3.reshape(-1))
+        xl = ts.nn.RegisterParallelDim(-1)(shard(l3, -1, p, r))
+        close(ts.nn.functional.parallel_cross_entropy(xl, t3), ref, 1e-10, 1e-10, "3d")
+    # float16 / bfloat16 logits: float32 math, compared with the float32 reference
+    for dt, tol in ((torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
+        logits = (torch.randn(16, 10) * 4).to(dt)
+        target = torch.randint(0, 10, (16,))
+        xr = logits.float().requires_grad_(True)
+        lr = F.cross_entropy(xr, target, label_smoothing=0.1)
+        lr.backward()
+        xl = shard(logits, -1, p, r).clone().requires_grad_(True)
+        loss = ts.nn.functional.parallel_cross_entropy(ts.nn.RegisterParallelDim(-1)(xl), target, label_smoothing=0.1)
+        assert loss.dtype == torch.float32
+        close(loss, lr, 1e-5, 1e-5, f"{dt} loss")
+        loss.backward()
+        assert xl.grad is not None and xl.grad.dtype == dt
+        close(xl.grad, shard(xr.grad, -1, p, r), tol, tol, f"{dt} grad")
+    # untagged logits: plain cross-entropy
+    lg = torch.randn(4, 5)
+    tg = torch.tensor([1, 0, 4, 2])
+    close(ts.nn.functional.parallel_cross_entropy(lg, tg), F.cross_entropy(lg, tg), 0, 0, "untagged")
+
+
+def check_state_dict_and_convert(p: int, r: int) -> None:
+    torch.manual_seed(5)
+    ref = nn.Sequential(nn.Linear(6, 9), nn.ReLU(), nn.Sequential(nn.Linear(9, 4), nn.Embedding(5, 3)))
+    full = ref.state_dict()
+    model = ts.nn.convert_parallel_linear(ref, dim=-1, uneven=True)
+    model = ts.nn.convert_parallel_embedding(model, dim=0, uneven=True)
+    assert isinstance(model[0], ts.nn.ParallelLinear) and isinstance(model[2][0], ts.nn.ParallelLinear)  # nested
+    assert isinstance(model[2][1], ts.nn.ParallelEmbedding)
+    close(model[2][0].weight, shard(full["2.0.weight"], 0, p, r), 0, 0, "convert nested")
+    for rank0_only in (False, True):
+        got = ts.collect_state_dict(model, model.state_dict(), rank0_only=rank0_only)
+        if rank0_only and r != 0:
+            assert len(got) == 0
+            continue
+        assert list(got) == list(full)
+        for k in full:
+            close(got[k], full[k], 0, 0, f"collect {k}")
+            assert got[k].device.type == "cpu"
+    sd = ts.relocate_state_dict(model, full)
+    model.load_state_dict(sd)
+    # prefix
+    wrapped = nn.ModuleDict({"m": model})
+    got = ts.collect_state_dict(model, {"x." + k: v for k, v in model.state_dict().items()}, prefix="x.")
+    assert set(got) == {"x." + k for k in full}
+    names = ts.register_ddp_parameters_to_ignore(wrapped)
+    assert names == ["m.0.weight", "m.0.bias", "m.2.0.weight", "m.2.0.bias", "m.2.1.weight"], names
+    # the seed example: dim=None layer round-trips unchanged
+    plain = ts.nn.ParallelLinear(20, 30)
+    sd1 = ts.collect_state_dict(plain, plain.state_dict(keep_vars=True))
+    assert all(sd1[k] is v for k, v in plain.state_dict(keep_vars=True).items())
+    # relocate with the wrong full shape
+    bad = dict(full)
+    bad["0.weight"] = torch.zeros(9, 7)
+    raises(ValueError, ts.relocate_state_dict, model, bad, match="expected a full tensor")
+
+
+def check_tags_and_errors(p: int, r: int) -> None:
+    col = ts.nn.ParallelLinear(4, 8, dim=-1)
+    row = ts.nn.ParallelLinear(8, 4, dim=0)
+    x = torch.randn(5, 4)
+    h = col(x)
+    for op in (torch.relu, F.gelu, torch.tanh, lambda t: F.dropout(t, 0.5), lambda t: t * 2 + 1,
+               lambda t: t.view(5, 1, -1), lambda t: t.reshape(1, 5, -1), lambda t: t.unsqueeze(0), lambda t: t[1:3]):
+        assert ts.get_parallel_dim(op(h)) == -1
+    assert ts.get_parallel_dim(h.sum(-1)) is None
+    assert ts.get_parallel_dim(h.t()) is None
+    # tag mismatch
+    raises(ValueError, col, h, match="tag mismatch")
+    t0 = torch.randn(5, 8)
+    ts.register_parallel_dim(t0, 0)
+    raises(ValueError, row, t0, match="tag mismatch")
+    wrong = ts.nn.RegisterParallelDim(-1)(torch.randn(5, 8 // p + 1))
+    raises(ValueError, row, wrong, match="tag mismatch")
+    raises(ValueError, ts.nn.functional.parallel_cross_entropy, t0, torch.zeros(5, dtype=torch.int64), match="tag")
+    # bad dims / sizes
+    for bad in (2, -2, "x", True):
+        raises(ValueError, ts.nn.ParallelLinear, 4, 4, dim=bad, match="dim must be one of")
+        raises(ValueError, ts.nn.ParallelEmbedding, 4, 4, dim=bad, match="dim must be one of")
+        raises(ValueError, ts.register_parallel_dim, torch.zeros(1), bad, match="parallel_dim")
+    if p > 1:
+        raises(ValueError, ts.nn.ParallelLinear, 4, 5, dim=-1, match="not divisible")
+        raises(ValueError, ts.nn.ParallelEmbedding, 5, 4, dim=0, match="not divisible")
+    raises(ValueError, ts.nn.ParallelCrossEntropyLoss, reduction="avg", match="reduction")
+    raises(ValueError, ts.nn.ParallelCrossEntropyLoss, label_smoothing=1.5, match="label_smoothing")
+    lg = ts.nn.RegisterParallelDim(-1)(torch.randn(3, 4))
+    raises(IndexError, ts.nn.functional.parallel_cross_entropy, lg, torch.tensor([0, 1, 4 * p]), match="out of bounds")
+    raises(TypeError, ts.nn.functional.parallel_cross_entropy, lg, torch.zeros(3), match="target")
+    raises(ValueError, ts.nn.functional.parallel_cross_entropy, lg, torch.zeros(4, dtype=torch.int64), match="shape")
+    raises(ValueError, ts.nn.functional.parallel_cross_entropy, lg, torch.zeros(3, dtype=torch.int64),
+           weight=torch.ones(3), match="weight must have shape")
+    raises(ValueError, ts.distributed.init_process_group, 3 if p != 3 else 5, match="divide")
+    raises(TypeError, ts.distributed.init_process_group, 1.0, match="int")
+    raises(ValueError, ts.nn.ColumnParallelLinear, 4, 4, gather_output=True, sequence_parallel=True, match="incompatible")
+    raises(TypeError, ts.distributed.scatter, [1], match="tensor")
+    raises(IndexError, ts.distributed.gather, torch.zeros(2), 3, match="out of range")
+    # autograd ops: closed form
+    a = torch.arange(6.0).reshape(2, 3).requires_grad_(True)
+    s = ts.distributed.reduce(a)
+    close(s, a * p, 0, 0, "reduce")
+    c = ts.distributed.copy(a)
+    c.sum().backward()
+    close(a.grad, torch.full((2, 3), float(p)), 0, 0, "copy grad")
+    b = torch.arange(8.0).reshape(2, 4).requires_grad_(True)
+    sc = ts.distributed.scatter(b, -1)
+    close(sc, shard(b, -1, p, r), 0, 0, "scatter")
+    ga = ts.distributed.gather(sc, -1)
+    close(ga, b, 0, 0, "gather")
+    ga.sum().backward()
+    close(b.grad, torch.ones(2, 4), 0, 0, "gather/scatter grad")
+    assert ts.distributed.get_group_size() == p and ts.distributed.get_rank() == r
+
+
+def body(rank: int, size: int, store: str) -> None:
+    init_process_group(rank, size, store)
+    torch.set_num_threads(1)
+    ts.distributed.init_process_group(size)
+    assert ts.distributed.get_world_size() == size
+    check_linear(size, rank)
+    check_megatron(size, rank)
+    check_embedding(size, rank)
+    check_cross_entropy(size, rank)
+    check_state_dict_and_convert(size, rank)
+    check_tags_and_errors(size, rank)
