@@ -14,6 +14,8 @@ from ._comm import (
     create_communicator,
     get_unique_id,
 )
+from ._embedding import SGD, Adagrad, Embedding, LazyAdam, RMSProp
+from ._io import load_from_files, store_to_files
 from ._lib import finalize_lib, init_lib
 from ._ops import gather, get_local_tensor, get_partition_plan, get_sub_tensor, get_tensor_view, scatter
 from ._tensor import ChunkedTensor, NCCLTensor, WmTensorType, create_wm_tensor
@@ -23,6 +25,11 @@ DISTRIBUTED = WmTensorType.DISTRIBUTED
 
 __all__ = [
     "DISTRIBUTED",
+    "SGD",
+    "Adagrad",
+    "Embedding",
+    "LazyAdam",
+    "RMSProp",
     "ChunkedTensor",
     "Communicator",
     "NCCLTensor",
@@ -42,5 +49,7 @@ __all__ = [
     "get_tensor_view",
     "get_unique_id",
     "init_lib",
+    "load_from_files",
     "scatter",
+    "store_to_files",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -207,8 +208,10 @@ def _route(t: NCCLTensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _as_bytes(x: torch.Tensor) -> torch.Tensor:
-    x = x.reshape(x.shape[0], -1)
-    return x.view(torch.uint8) if x.shape[1] else torch.empty((x.shape[0], 0), dtype=torch.uint8)
+    x = x.reshape(x.shape[0], math.prod(x.shape[1:]))
+    if x.shape[1] == 0 or x.shape[0] == 0:
+        return torch.empty((x.shape[0], x.shape[1] * x.element_size()), dtype=torch.uint8)
+    return x.contiguous().view(torch.uint8)
 
 
 def _nccl_gather(t: NCCLTensor, idx: torch.Tensor, out: torch.Tensor) -> None:
@@ -233,9 +236,10 @@ def _nccl_scatter(t: NCCLTensor, idx: torch.Tensor, vals: torch.Tensor) -> None:
     order, ridx, sc, rc = _route(t, idx)
     sent = _as_bytes(vals)[order] if vals.numel() else _as_bytes(vals)
     recv = t.comm.all_to_all(sent, sc, rc)
-    rows = recv.view(t.dtype).reshape(ridx.numel(), *_row_shape(t)) if recv.numel() else torch.empty(
-        (ridx.numel(), *_row_shape(t)), dtype=t.dtype
-    )
+    if recv.numel():
+        rows = recv.view(t.dtype).reshape(ridx.numel(), *_row_shape(t))
+    else:
+        rows = torch.empty((ridx.numel(), *_row_shape(t)), dtype=t.dtype)
     _native_scatter(t._table, ridx, rows.contiguous())
 
 

@@ -1,0 +1,287 @@
+"""A trainable embedding over any wholemem tensor type, with sparse in-place optimizers."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._comm import Communicator
+from ._io import load_local, store_local
+from ._ops import _as_bytes, _check_target, _indices, gather, get_local_tensor
+from ._layout import local_range, rows_per_rank
+from ._tensor import WmTensorType, create_wm_tensor
+from ._wholemem import Table, optim_update
+
+
+@dataclass
+class SGD:
+    """Sparse SGD: ``w -= lr * (g + weight_decay * w)`` on the rows that got a gradient."""
+
+    lr: float = 0.01
+    weight_decay: float = 0.0
+    kind = 0
+    num_states = 0
+
+
+@dataclass
+class Adagrad:
+    """Sparse Adagrad (as ``torch.optim.Adagrad`` with sparse gradients, ``lr_decay=0``)."""
+
+    lr: float = 0.01
+    eps: float = 1e-10
+    weight_decay: float = 0.0
+    initial_accumulator_value: float = 0.0
+    kind = 1
+    num_states = 1
+
+
+@dataclass
+class LazyAdam:
+    """Lazy Adam (as ``torch.optim.SparseAdam``): moments of a row move only when it has a gradient."""
+
+    lr: float = 0.001
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    kind = 2
+    num_states = 2
+
+
+@dataclass
+class RMSProp:
+    """Sparse RMSProp: ``v = alpha*v + (1-alpha)*g^2; w -= lr * g / (sqrt(v) + eps)`` on touched rows."""
+
+    lr: float = 0.01
+    alpha: float = 0.99
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    kind = 3
+    num_states = 1
+
+
+Optimizer = SGD | Adagrad | LazyAdam | RMSProp
+
+
+class _Lookup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, indices: torch.Tensor, module: Embedding) -> torch.Tensor:
+        ctx.module = module
+        ctx.indices = indices
+        return gather(module.weight, indices)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
+        ctx.module._pending.append((ctx.indices, grad.detach()))
+        return None, None, None
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+class Embedding(nn.Module):
+    """An embedding table stored as a wholemem tensor, trained with a sparse optimizer.
+
+    ``forward(indices)`` looks rows up (collective for NCCL tensors); ``backward`` records
+    the sparse gradient; :meth:`step` (collective) sends every gradient row to the rank
+    that owns it, sums duplicates and updates the rows and the optimizer state in place.
+
+    Parameters
+    ----------
+    comm : Communicator
+    num_embeddings, embedding_dim : int
+    optimizer : SGD, Adagrad, LazyAdam or RMSProp, optional
+        Without one, :meth:`step` raises.
+    tensor_type : WmTensorType
+        Storage of the table (HOST, CHUNKED or NCCL).
+    dtype : torch.dtype
+        A floating dtype (16-bit tables keep float32 optimizer state).
+    init : torch.Tensor, optional
+        The full ``[num_embeddings, embedding_dim]`` initial table (every rank copies its
+        rows); default: normal(0, 1) drawn per row from ``seed`` (independent of the
+        number of ranks).
+    seed : int
+        Seed of the default initialisation.
+
+    Raises
+    ------
+    TypeError
+        A non-floating dtype or an unknown optimizer.
+    ValueError
+        ``init`` of the wrong shape.
+    """
+
+    def __init__(
+        self,
+        comm: Communicator,
+        num_embeddings: int,
+        embedding_dim: int,
+        *,
+        optimizer: Optimizer | None = None,
+        tensor_type: WmTensorType = WmTensorType.HOST,
+        dtype: torch.dtype = torch.float32,
+        init: torch.Tensor | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            raise TypeError(f"Embedding needs a floating dtype, got {dtype}")
+        if optimizer is not None and not isinstance(optimizer, (SGD, Adagrad, LazyAdam, RMSProp)):
+            raise TypeError(f"optimizer must be wholemem SGD, Adagrad, LazyAdam or RMSProp, got {optimizer!r}")
+        self.comm = comm
+        self.num_embeddings = int(num_embeddings)
+        self.embedding_dim = int(embedding_dim)
+        self.optimizer = optimizer
+        self.weight = create_wm_tensor(comm, [num_embeddings, embedding_dim], [], dtype, tensor_type)
+        local, first = get_local_tensor(self.weight)
+        with torch.no_grad():
+            if init is not None:
+                if tuple(init.shape) != (self.num_embeddings, self.embedding_dim):
+                    raise ValueError(f"init must have shape {(num_embeddings, embedding_dim)}, got {tuple(init.shape)}")
+                local.copy_(init[first : first + local.shape[0]])
+            else:
+                for r in range(local.shape[0]):
+                    g = torch.Generator().manual_seed(seed * 1_000_003 + first + r)
+                    local[r].copy_(torch.randn(self.embedding_dim, generator=g))
+        acc = _acc_dtype(dtype)
+        init_state = optimizer.initial_accumulator_value if isinstance(optimizer, Adagrad) else 0.0
+        nstates = optimizer.num_states if optimizer is not None else 0
+        self._states = [torch.full((local.shape[0], self.embedding_dim), init_state if i == 0 else 0.0, dtype=acc)
+                        for i in range(nstates)]
+        self._step = 0
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._anchor = torch.empty(0, requires_grad=True)
+        comm.barrier()
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, optimizer={self.optimizer}, type={self.weight!r:.60}"
+
+    def forward(self, indices: Any) -> torch.Tensor:
+        """Rows ``indices`` (1-D) of the table, differentiable."""
+        idx = _indices(indices, self.num_embeddings)
+        return _Lookup.apply(self._anchor, idx, self)  # type: ignore[no-any-return]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop the gradients recorded since the last :meth:`step`."""
+        self._pending.clear()
+
+    @property
+    def optimizer_states(self) -> list[torch.Tensor]:
+        """This rank's optimizer state rows (Adagrad: sum of squares; LazyAdam: m, v; RMSProp: v)."""
+        return self._states
+
+    @property
+    def step_count(self) -> int:
+        """Number of optimizer steps taken."""
+        return self._step
+
+    def _local_table(self) -> tuple[Table, torch.Tensor, int]:
+        local, first = get_local_tensor(self.weight)
+        from distkit_common.dtypes import code_of
+
+        n = local.shape[0]
+        st = local.stride()
+        return Table([int(local.data_ptr())], max(1, n), n, self.embedding_dim, st[0], st[1], code_of(local.dtype)), local, first
+
+    def step(self) -> None:
+        """Collective: apply the recorded sparse gradients with the optimizer, in place.
+
+        Raises
+        ------
+        RuntimeError
+            No optimizer, or the communicator / library is gone.
+        """
+        _check_target(self.weight, "Embedding.step")
+        opt = self.optimizer
+        if opt is None:
+            raise RuntimeError("Embedding.step: no optimizer was given")
+        acc = _acc_dtype(self.weight.dtype)
+        d = self.embedding_dim
+        if self._pending:
+            idx = torch.cat([i.to(torch.int64) for i, _ in self._pending])
+            grads = torch.cat([g.reshape(-1, d).to(acc) for _, g in self._pending])
+        else:
+            idx, grads = torch.empty(0, dtype=torch.int64), torch.empty((0, d), dtype=acc)
+        self._pending.clear()
+        comm = self.comm
+        rpr = rows_per_rank(self.num_embeddings, comm.size)
+        first = local_range(self.num_embeddings, comm.size, comm.rank)[0]
+        if comm.size > 1:
+            owner = torch.div(idx, rpr, rounding_mode="floor")
+            order = torch.argsort(owner, stable=True)
+            sc_t = torch.bincount(owner, minlength=comm.size)
+            sc, rc = sc_t.tolist(), comm.exchange_counts(sc_t).tolist()
+            ridx = comm.all_to_all(idx[order], sc, rc)
+            rg = comm.all_to_all(_as_bytes(grads[order].contiguous()), sc, rc)
+            rgrads = rg.view(acc).reshape(-1, d) if rg.numel() else torch.empty((0, d), dtype=acc)
+        else:
+            ridx, rgrads = idx, grads
+        uniq, inv = torch.unique(ridx - first, return_inverse=True)
+        summed = torch.zeros((uniq.numel(), d), dtype=acc).index_add_(0, inv, rgrads)
+        self._step += 1
+        step_size = 0.0
+        if isinstance(opt, LazyAdam):
+            b1, b2 = opt.betas
+            step_size = opt.lr * math.sqrt(1 - b2**self._step) / (1 - b1**self._step)
+        table, _, _ = self._local_table()
+        s = self._states
+        optim_update(
+            opt.kind,
+            table,
+            int(uniq.data_ptr()),
+            int(uniq.numel()),
+            int(summed.data_ptr()),
+            int(s[0].data_ptr()) if len(s) > 0 else 0,
+            int(s[1].data_ptr()) if len(s) > 1 else 0,
+            lr=opt.lr,
+            weight_decay=opt.weight_decay,
+            eps=getattr(opt, "eps", 0.0),
+            beta1=opt.betas[0] if isinstance(opt, LazyAdam) else 0.0,
+            beta2=opt.betas[1] if isinstance(opt, LazyAdam) else 0.0,
+            alpha=opt.alpha if isinstance(opt, RMSProp) else 0.0,
+            step_size=step_size,
+        )
+        comm.barrier()  # updates are visible before anyone reads rows again
+
+    def save(self, directory: str | os.PathLike[str], *, num_parts: int | None = None) -> None:
+        """Collective: store the table and the optimizer state (any number of parts).
+
+        Raises
+        ------
+        OSError
+            The files cannot be written.
+        """
+        _check_target(self.weight, "Embedding.save")
+        local, first = get_local_tensor(self.weight)
+        shape = (self.embedding_dim,)
+        store_local(self.comm, self.num_embeddings, shape, self.weight.dtype, local, first, directory, "weight",
+                    num_parts, extra={"step": self._step, "optimizer": repr(self.optimizer)})
+        for i, st in enumerate(self._states):
+            store_local(self.comm, self.num_embeddings, shape, st.dtype, st, first, directory, f"state{i}", num_parts)
+
+    def load(self, directory: str | os.PathLike[str]) -> None:
+        """Collective: load a table (and optimizer state) stored by :meth:`save`.
+
+        Raises
+        ------
+        ValueError
+            The stored table has another shape.
+        TypeError
+            The stored dtype differs.
+        FileNotFoundError
+            Files are missing (e.g. no optimizer state stored).
+        """
+        _check_target(self.weight, "Embedding.load")
+        local, first = get_local_tensor(self.weight)
+        shape = (self.embedding_dim,)
+        meta = load_local(self.comm, self.num_embeddings, shape, self.weight.dtype, local, first, directory, "weight")
+        for i, st in enumerate(self._states):
+            load_local(self.comm, self.num_embeddings, shape, st.dtype, st, first, directory, f"state{i}")
+        self._step = int(meta["step"]) if meta else 0
+
+

@@ -1,0 +1,211 @@
+"""Storing to and loading from files: one raw row-major file per part, any number of parts.
+
+A store writes ``<prefix>_<p>.bin`` (rows of part p, contiguous, native byte order) and
+``<prefix>.json`` (shape, dtype, parts). Every rank writes its own rows into whichever
+part files they fall in, and loads its own rows from whichever files hold them, so the
+number of parts is independent of the number of ranks on either side.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ._comm import Communicator
+from ._layout import local_range
+from ._ops import _check_target, _info, get_local_tensor
+from ._tensor import _WmTensor
+
+
+def _comm_of(t: Any, what: str) -> Communicator:
+    _check_target(t, what)
+    if isinstance(t, _WmTensor):
+        return t.comm
+    info = _info(t)
+    if info is None or t.device.type != "cpu":
+        raise TypeError(f"{what}: expected a CPU tensor made by create_wm_tensor, got a plain tensor")
+    return info.comm
+
+
+def _row_bytes(row_shape: Sequence[int], dtype: torch.dtype) -> int:
+    return math.prod(row_shape) * torch.empty((), dtype=dtype).element_size()
+
+
+def _bytes_of(rows: torch.Tensor) -> memoryview:
+    flat = rows.contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+
+
+def store_local(
+    comm: Communicator,
+    nrows: int,
+    row_shape: Sequence[int],
+    dtype: torch.dtype,
+    local: torch.Tensor,
+    first: int,
+    directory: str | os.PathLike[str],
+    prefix: str,
+    num_parts: int | None,
+    extra: dict[str, Any] | None = None,
+) -> list[str]:
+    """Collective: write every rank's rows ``local`` (starting at row ``first``) into parts."""
+    parts = comm.size if num_parts is None else int(num_parts)
+    if parts < 1:
+        raise ValueError(f"num_parts must be >= 1, got {num_parts}")
+    d = Path(directory)
+    rb = _row_bytes(row_shape, dtype)
+    files = [f"{prefix}_{p:05d}.bin" for p in range(parts)]
+    ranges = [local_range(nrows, parts, p) for p in range(parts)]
+    err = None
+    if comm.rank == 0:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            for f, (lo, hi) in zip(files, ranges):
+                with open(d / f, "wb") as fh:
+                    fh.truncate((hi - lo) * rb)
+            meta = {
+                "shape": [nrows, *row_shape],
+                "dtype": str(dtype).removeprefix("torch."),
+                "parts": [{"file": f, "first_row": lo, "rows": hi - lo} for f, (lo, hi) in zip(files, ranges)],
+                **(extra or {}),
+            }
+            (d / f"{prefix}.json").write_text(json.dumps(meta, indent=1))
+        except OSError as e:
+            err = str(e)
+    errs = comm.allgather_object(err)
+    if errs[0] is not None:
+        raise OSError(f"store_to_files: rank 0 could not create the files: {errs[0]}")
+    n = local.shape[0]
+    for f, (lo, hi) in zip(files, ranges):
+        a, b = max(lo, first), min(hi, first + n)
+        if a >= b:
+            continue
+        fd = os.open(d / f, os.O_WRONLY)
+        try:
+            os.pwrite(fd, _bytes_of(local[a - first : b - first]), (a - lo) * rb)
+        finally:
+            os.close(fd)
+    comm.barrier()
+    return [str(d / f) for f in files]
+
+
+def _resolve(files: Any, prefix: str) -> tuple[list[Path], dict[str, Any] | None]:
+    if isinstance(files, (str, os.PathLike)) and Path(files).is_dir():
+        meta_path = Path(files) / f"{prefix}.json"
+        if not meta_path.exists():
+            raise FileNotFoundError(f"load_from_files: {meta_path} not found")
+        meta = json.loads(meta_path.read_text())
+        return [Path(files) / p["file"] for p in meta["parts"]], meta
+    if isinstance(files, (str, os.PathLike)):
+        files = [files]
+    if not isinstance(files, (list, tuple)) or not files:
+        raise TypeError("files must be a directory written by store_to_files or a non-empty list of file paths")
+    return [Path(f) for f in files], None
+
+
+def load_local(
+    comm: Communicator,
+    nrows: int,
+    row_shape: Sequence[int],
+    dtype: torch.dtype,
+    local: torch.Tensor,
+    first: int,
+    files: Any,
+    prefix: str,
+) -> dict[str, Any] | None:
+    """Collective: fill every rank's rows ``local`` from the parts; returns the metadata."""
+    paths, meta = _resolve(files, prefix)
+    if meta is not None:
+        if [int(s) for s in meta["shape"][1:]] != list(row_shape) or meta["shape"][0] != nrows:
+            raise ValueError(f"load_from_files: files hold shape {meta['shape']}, tensor is {[nrows, *row_shape]}")
+        if meta["dtype"] != str(dtype).removeprefix("torch."):
+            raise TypeError(f"load_from_files: files hold {meta['dtype']}, tensor is {dtype}")
+    rb = _row_bytes(row_shape, dtype)
+    starts, total = [], 0
+    for p in paths:
+        size = p.stat().st_size
+        if rb and size % rb:
+            raise ValueError(f"load_from_files: {p} has {size} bytes, not a multiple of the row size {rb}")
+        starts.append(total)
+        total += size // rb if rb else 0
+    if rb and total != nrows:
+        raise ValueError(f"load_from_files: the files hold {total} rows, the tensor has {nrows}")
+    n = local.shape[0]
+    for p, lo in zip(paths, starts):
+        hi = lo + (p.stat().st_size // rb if rb else 0)
+        a, b = max(lo, first), min(hi, first + n)
+        if a >= b:
+            continue
+        with open(p, "rb") as fh:
+            fh.seek((a - lo) * rb)
+            buf = bytearray(fh.read((b - a) * rb))
+        rows = torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(b - a, *row_shape)
+        local[a - first : b - first] = rows
+    comm.barrier()
+    return meta
+
+
+def store_to_files(
+    t: Any, directory: str | os.PathLike[str], *, num_parts: int | None = None, prefix: str = "part"
+) -> list[str]:
+    """Collective: store a wholemem tensor as ``num_parts`` raw files plus ``<prefix>.json``.
+
+    Parameters
+    ----------
+    t : torch.Tensor (HOST), ChunkedTensor or NCCLTensor
+    directory : path
+        Created if needed; must be visible to every rank (a shared file system across nodes).
+    num_parts : int, optional
+        Number of part files (default: the number of ranks); rows split evenly.
+    prefix : str
+        File name prefix.
+
+    Returns
+    -------
+    list of str
+        The part files, in row order.
+
+    Raises
+    ------
+    TypeError
+        ``t`` is not a wholemem tensor.
+    ValueError
+        ``num_parts < 1``.
+    OSError
+        The files cannot be written.
+    """
+    comm = _comm_of(t, "store_to_files")
+    local, first = get_local_tensor(t)
+    return store_local(comm, int(t.shape[0]), tuple(t.shape[1:]), t.dtype, local, first, directory, prefix, num_parts)
+
+
+def load_from_files(t: Any, files: Any, *, prefix: str = "part") -> None:
+    """Collective: fill a wholemem tensor from part files (any number of parts).
+
+    Parameters
+    ----------
+    t : torch.Tensor (HOST), ChunkedTensor or NCCLTensor
+    files : path or list of paths
+        A directory written by :func:`store_to_files` (its ``<prefix>.json`` is checked
+        against ``t``), or the part files in row order (raw rows of ``t``'s dtype).
+    prefix : str
+        File name prefix inside a directory.
+
+    Raises
+    ------
+    TypeError
+        ``t`` is not a wholemem tensor, or the stored dtype differs.
+    ValueError
+        The files hold a different number of rows or another row shape.
+    FileNotFoundError
+        A file is missing.
+    """
+    comm = _comm_of(t, "load_from_files")
+    local, first = get_local_tensor(t)
+    load_local(comm, int(t.shape[0]), tuple(t.shape[1:]), t.dtype, local, first, files, prefix)
