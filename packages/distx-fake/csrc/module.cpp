@@ -10,6 +10,7 @@
 #include "distkit/parallel.hpp"
 #include "distkit/pybind.hpp"
 #include "io_engine.hpp"
+#include "mt19937.hpp"
 
 namespace py = pybind11;
 
@@ -94,6 +95,14 @@ PYBIND11_MODULE(_distx_fake, m) {
         distx::fsync_path(path);
       },
       py::arg("path"), "fsync a file or a directory by path.");
+  m.def(
+      "mt19937_advance",
+      [](uintptr_t state_ptr, int64_t nbytes, int64_t draws) {
+        distkit::nogil release;
+        distx::mt_advance(distkit::ptr<uint8_t>(state_ptr), nbytes, draws);
+      },
+      py::arg("state_ptr"), py::arg("nbytes"), py::arg("draws"),
+      "Advance a serialized torch CPU generator state (uint8 tensor memory) by `draws` 32-bit draws, in place.");
   m.def("exchange_paths", &distx::exchange_paths, py::arg("a"), py::arg("b"),
         "Atomically swap two paths (renameat2 RENAME_EXCHANGE); False if unsupported.");
 }

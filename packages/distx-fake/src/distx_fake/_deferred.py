@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
+
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
 from . import _rng
-from ._fake import _fake_ctx
+from ._fake import FakeTensor, _fake_ctx
 
 __all__ = [
     "CapturedTensorModifiedError",

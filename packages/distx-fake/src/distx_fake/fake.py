@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from ._fake import FakeDataError, fake_mode, is_fake, meta_like
+from ._fake import FakeDataError, FakeTensor, fake_mode, is_fake, meta_like
 
-__all__ = ["FakeDataError", "fake_mode", "is_fake", "meta_like"]
+__all__ = ["FakeDataError", "FakeTensor", "fake_mode", "is_fake", "meta_like"]
