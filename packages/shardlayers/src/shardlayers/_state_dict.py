@@ -16,6 +16,10 @@ from ._tag import _FULL_SIZE, get_parallel_dim, storage_axis
 def _tagged(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    for m in model.modules():
+        fix = getattr(m, "_register_tags", None)
+        if callable(fix):
+            fix()
     out = []
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         if get_parallel_dim(t) is not None:

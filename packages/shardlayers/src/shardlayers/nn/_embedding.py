@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .._split import partition_range
-from .._tag import _FULL_SIZE, check_dim, register_parallel_attribute
+from .._tag import _FULL_SIZE, _PARALLEL_DIM, check_dim, register_parallel_attribute
 from . import functional as PF
 from ._linear import _check_features, _convert, _load_slices, _tp
 from .init import shard_init_helper_
@@ -84,12 +84,16 @@ class ParallelEmbedding(nn.Module):
             else:
                 d_l = partition_range(embedding_dim, p, r, uneven=uneven, what="embedding_dim")[1]
         self.weight = nn.Parameter(torch.empty((v_l, d_l), device=device, dtype=dtype))
-        register_parallel_attribute(self.weight, dim, 1)
-        if dim == 0:
-            setattr(self.weight, _FULL_SIZE, num_embeddings)
-        elif dim is not None:
-            setattr(self.weight, _FULL_SIZE, embedding_dim)
+        self._register_tags()
         self.reset_parameters()
+
+    def _register_tags(self) -> None:
+        """(Re-)attach the parallel attributes to the weight (also after it was replaced)."""
+        register_parallel_attribute(self.weight, self.dim, 1)
+        if self.dim == 0:
+            setattr(self.weight, _FULL_SIZE, self.num_embeddings)
+        elif self.dim is not None:
+            setattr(self.weight, _FULL_SIZE, self.embedding_dim)
 
     def reset_parameters(self) -> None:
         """``nn.Embedding``'s initialisation (normal, padding row zero) of the full table, sliced."""
@@ -103,6 +107,8 @@ class ParallelEmbedding(nn.Module):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         """Look up ``input`` (see the class docstring)."""
+        if _PARALLEL_DIM not in self.weight.__dict__:
+            self._register_tags()
         return PF.parallel_embedding(
             input, self.weight, self.padding_idx, self.max_norm, self.norm_type,
             self.scale_grad_by_freq, self.sparse, self.dim,

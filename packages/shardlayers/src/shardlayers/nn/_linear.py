@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .._split import partition_range
-from .._tag import _FULL_SIZE, check_dim, register_parallel_attribute
+from .._tag import _FULL_SIZE, _PARALLEL_DIM, check_dim, register_parallel_attribute
 from . import functional as PF
 from .init import shard_init_helper_
 
@@ -86,19 +86,26 @@ class ParallelLinear(nn.Module):
                 in_l = partition_range(in_features, p, r, uneven=uneven, what="in_features")[1]
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty((out_l, in_l), **kw))  # type: ignore[arg-type]
-        register_parallel_attribute(self.weight, dim, 0)
-        if dim in (1, -1):
-            setattr(self.weight, _FULL_SIZE, out_features)
-        elif dim == 0:
-            setattr(self.weight, _FULL_SIZE, in_features)
         if bias:
             self.bias: nn.Parameter | None = nn.Parameter(torch.empty((out_l,), **kw))  # type: ignore[arg-type]
-            register_parallel_attribute(self.bias, dim if dim in (1, -1) else None, 0)
-            if dim in (1, -1):
-                setattr(self.bias, _FULL_SIZE, out_features)
         else:
             self.register_parameter("bias", None)
+        self._register_tags()
         self.reset_parameters()
+
+    def _register_tags(self) -> None:
+        """(Re-)attach the parallel attributes to the parameters (also after they were replaced,
+        e.g. by deferred-init materialisation or ``load_state_dict(assign=True)``)."""
+        dim = self.dim
+        register_parallel_attribute(self.weight, dim, 0)
+        if dim in (1, -1):
+            setattr(self.weight, _FULL_SIZE, self.out_features)
+        elif dim == 0:
+            setattr(self.weight, _FULL_SIZE, self.in_features)
+        if self.bias is not None:
+            register_parallel_attribute(self.bias, dim if dim in (1, -1) else None, 0)
+            if dim in (1, -1):
+                setattr(self.bias, _FULL_SIZE, self.out_features)
 
     def reset_parameters(self) -> None:
         """``nn.Linear``'s initialisation of the full weight (same RNG draws), then sliced."""
@@ -109,6 +116,8 @@ class ParallelLinear(nn.Module):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         """Apply the layer (see the class docstring)."""
+        if _PARALLEL_DIM not in self.weight.__dict__:
+            self._register_tags()
         return PF.parallel_linear(input, self.weight, self.bias, self.dim)
 
     def extra_repr(self) -> str:
@@ -186,6 +195,8 @@ class ColumnParallelLinear(ParallelLinear):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         """Apply the layer."""
+        if _PARALLEL_DIM not in self.weight.__dict__:
+            self._register_tags()
         return PF.column_linear(
             input,
             self.weight,
@@ -244,6 +255,8 @@ class RowParallelLinear(ParallelLinear):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         """Apply the layer."""
+        if _PARALLEL_DIM not in self.weight.__dict__:
+            self._register_tags()
         return PF.row_linear(
             input,
             self.weight,
