@@ -113,10 +113,9 @@ class Communicator:
         ValueError
             Unknown ``op``.
         """
-        if _is_compiling():
-            return torch.ops.mpiad.allreduce(tensor, self._handle, op)  # type: ignore[no-any-return]
         if (
-            type(tensor) is torch.Tensor
+            not _is_compiling()
+            and type(tensor) is torch.Tensor
             and not tensor.requires_grad
             and (op, tensor.dtype) in _VALID
             and tensor.is_contiguous()
@@ -126,6 +125,8 @@ class Communicator:
             return _raw.allreduce_fast(self._handle, tensor, op)
         t = _raw.check_tensor(tensor)
         op = _check_op(op, t)
+        if _is_compiling():
+            return torch.ops.mpiad.allreduce(t, self._handle, op)  # type: ignore[no-any-return]
         if _needs_grad(t):
             return F.Allreduce.apply(t, self._handle, self._rank, self._size, op)  # type: ignore[no-any-return]
         return _raw.allreduce(self._handle, t, op)

@@ -116,12 +116,30 @@ def check_op(op: Any, t: Tensor) -> int:
     op = check_int(op, "op")
     if op not in OP_NAMES:
         raise ValueError(f"op = {op} is not one of the MPI_* constants")
-    _mpiad.check_op(op, dtype_code(t))
+    _check_op_dtype(op, t.dtype)
     if op in (MPI_MINLOC, MPI_MAXLOC) and (t.dim() == 0 or t.shape[-1] != 2):
         raise ValueError(
             f"{OP_NAMES[op]} needs (value, index) pairs in the last dimension (size 2), got shape {tuple(t.shape)}"
         )
     return op
+
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_COMPLEX = (torch.complex64, torch.complex128)
+
+
+def _check_op_dtype(op: int, dtype: torch.dtype) -> None:
+    """The rules of the native ``check_op`` in Python (so torch.compile can trace them)."""
+    if op in (0, 1):  # MAX, MIN
+        ok = dtype not in _COMPLEX
+    elif op in (2, 3):  # SUM, PROD
+        ok = dtype != torch.bool
+    elif op in (10, 11):  # MINLOC, MAXLOC
+        ok = dtype not in _COMPLEX and dtype != torch.bool
+    else:  # logical / bitwise
+        ok = dtype not in _FLOATS and dtype not in _COMPLEX
+    if not ok:
+        raise TypeError(f"{OP_NAMES[op]} is not supported for dtype {str(dtype).removeprefix('torch.')}")
 
 
 def op_name(op: int) -> str:

@@ -1,0 +1,244 @@
+"""Beyond mpi4torch: every dtype, MINLOC/MAXLOC, Reduce_scatter/Sendrecv/Barrier,
+bad input (raised before any communication), debug mode."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import mpi4py.MPI as MPI
+import torch
+
+import mpiad
+
+comm = mpiad.COMM_WORLD
+rank, size = comm.rank, comm.size
+W = MPI.COMM_WORLD
+S = mpiad
+
+
+def local(r: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rank r's input, known on every rank (so references need no communication)."""
+    base = torch.arange(6) % 3 + r + 1
+    if dtype == torch.bool:
+        return (torch.arange(6) + r) % 2 == 0
+    if dtype.is_complex:
+        return torch.complex(base.double(), -base.double() + 0.5).to(dtype)
+    return base.to(dtype)
+
+
+def stack(dtype: torch.dtype) -> torch.Tensor:
+    return torch.stack([local(r, dtype) for r in range(size)])
+
+
+REDUCE: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
+    S.MPI_SUM: lambda t: t.sum(0).to(t.dtype),
+    S.MPI_PROD: lambda t: t.prod(0).to(t.dtype),
+    S.MPI_MAX: lambda t: t.amax(0) if t.dtype != torch.bool else t.any(0),
+    S.MPI_MIN: lambda t: t.amin(0) if t.dtype != torch.bool else t.all(0),
+    S.MPI_LAND: lambda t: t.bool().all(0).to(t.dtype),
+    S.MPI_LOR: lambda t: t.bool().any(0).to(t.dtype),
+    S.MPI_LXOR: lambda t: (t.bool().sum(0) % 2 == 1).to(t.dtype),
+}
+
+
+def _band(t: torch.Tensor) -> torch.Tensor:
+    out = t[0]
+    for x in t[1:]:
+        out = out & x
+    return out
+
+
+def _bor(t: torch.Tensor) -> torch.Tensor:
+    out = t[0]
+    for x in t[1:]:
+        out = out | x
+    return out
+
+
+def _bxor(t: torch.Tensor) -> torch.Tensor:
+    out = t[0]
+    for x in t[1:]:
+        out = out ^ x
+    return out
+
+
+REDUCE.update({S.MPI_BAND: _band, S.MPI_BOR: _bor, S.MPI_BXOR: _bxor})
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+CPLX = (torch.complex64, torch.complex128)
+ALL = FLOATS + INTS + CPLX + (torch.bool,)
+
+
+def ops_for(dtype: torch.dtype) -> list[int]:
+    if dtype in FLOATS:
+        return [S.MPI_SUM, S.MPI_PROD, S.MPI_MAX, S.MPI_MIN]
+    if dtype in CPLX:
+        return [S.MPI_SUM, S.MPI_PROD]
+    if dtype == torch.bool:
+        return [S.MPI_MAX, S.MPI_MIN, S.MPI_LAND, S.MPI_LOR, S.MPI_LXOR, S.MPI_BAND, S.MPI_BOR, S.MPI_BXOR]
+    return list(REDUCE)
+
+
+def real_sum(y: torch.Tensor) -> torch.Tensor:
+    s = y.sum()
+    return s.real if s.is_complex() else s
+
+
+# ---------------------------------------------------------------- every dtype
+for dt in ALL:
+    x = local(rank, dt)
+    for op in ops_for(dt):
+        want = REDUCE[op](stack(dt))
+        got = comm.Allreduce(x, op)
+        assert got.dtype == dt and torch.equal(got, want), (dt, op, got, want)
+        red = comm.Reduce_(x.clone(), op, size - 1)
+        assert torch.equal(red, want if rank == size - 1 else torch.zeros_like(want)), (dt, op, red)
+    assert torch.equal(comm.Bcast_(x.clone(), 0), local(0, dt))
+    assert torch.equal(comm.Allgather(x.view(2, 3), 1), torch.cat([local(r, dt).view(2, 3) for r in range(size)], 1))
+    g = comm.Gather(x.view(6, 1), 0, 0)
+    if rank == 0:
+        assert torch.equal(g, stack(dt).view(-1, 1))
+    root_t = torch.cat([local(r, dt) for r in range(size)]) if rank == 0 else torch.empty(0, dtype=dt)
+    assert torch.equal(comm.Scatter(root_t, 0, 6, 0), x)
+    a2a = comm.Alltoall(x.repeat(size).view(1, -1), 0, 1, 6)
+    assert torch.equal(a2a, stack(dt)), dt
+    recv = comm.Sendrecv(x, (rank + 1) % size, 2, None, (rank - 1) % size, 2)
+    assert torch.equal(recv, local((rank - 1) % size, dt))
+    if dt in FLOATS + CPLX:  # gradients flow in every floating dtype
+        xg = x.clone().requires_grad_()
+        real_sum(comm.Allreduce(xg, S.MPI_SUM)).backward()
+        assert torch.equal(xg.grad, torch.full_like(xg, size)), (dt, xg.grad)
+        xg = x.clone().view(2, 3).requires_grad_()
+        real_sum(comm.Allgather(xg, 0)).backward()
+        assert torch.equal(xg.grad, torch.full_like(xg, size))
+
+# float16 / bfloat16 sums are computed in float32 and rounded once per combine
+if size == 2:
+    for dt in (torch.float16, torch.bfloat16):
+        gen = torch.Generator().manual_seed(7)
+        xs = [torch.randn(1000, generator=gen).to(dt) for _ in range(2)]
+        got = comm.Allreduce(xs[rank], S.MPI_SUM)
+        assert torch.equal(got, (xs[0].float() + xs[1].float()).to(dt)), dt
+big = torch.full((4,), 40000.0, dtype=torch.float16)  # 40000 * size overflows float16 for size >= 2
+assert torch.isinf(comm.Allreduce(big, S.MPI_SUM)).all() == (size >= 2)
+
+# MINLOC / MAXLOC: (value, index) pairs; ties -> lower index
+for dt in (torch.float32, torch.float64, torch.int32, torch.int64, torch.float16):
+    vals = torch.tensor([rank, -rank, 5, rank % 2], dtype=torch.float64)
+    pairs = torch.stack([vals, torch.full((4,), rank, dtype=torch.float64)], -1).to(dt)
+    mx = comm.Allreduce(pairs, S.MPI_MAXLOC).double()
+    mn = comm.Allreduce(pairs, S.MPI_MINLOC).double()
+    assert mx[:, 0].tolist() == [size - 1, 0, 5, min(1, size - 1)] and mx[:, 1].tolist() == [size - 1, 0, 0, min(1, size - 1)], mx
+    assert mn[:, 0].tolist() == [0, -(size - 1), 5, 0] and mn[:, 1].tolist() == [0, size - 1, 0, 0], mn
+
+# Reduce_scatter, default equal split
+x = torch.arange(2 * size, dtype=torch.float32) * (rank + 1)
+rs = comm.Reduce_scatter(x, S.MPI_SUM)
+assert torch.equal(rs, torch.arange(2 * rank, 2 * rank + 2, dtype=torch.float32) * (size * (size + 1) // 2))
+rs = comm.Reduce_scatter(torch.full((size, 2), rank, dtype=torch.int64), S.MPI_MAX, 0)
+assert torch.equal(rs, torch.full((1, 2), size - 1, dtype=torch.int64))
+comm.Barrier()
+
+# non-contiguous inputs are handled
+x = torch.arange(12.0).view(3, 4).t() * (rank + 1)
+assert torch.equal(comm.Allreduce(x, S.MPI_SUM), torch.arange(12.0).view(3, 4).t() * (size * (size + 1) // 2))
+x = torch.zeros(4, 3).t() + rank  # a non-contiguous view, written in place
+comm.Bcast_(x, 0)
+assert torch.equal(x, torch.zeros(3, 4))
+
+# no-grad fast path returns the right thing under no_grad too
+with torch.no_grad():
+    y = comm.Allreduce(torch.ones(3, requires_grad=True), S.MPI_SUM)
+    assert not y.requires_grad and torch.equal(y, torch.full((3,), float(size)))
+
+
+# ------------------------------------------------------------ bad input
+def raises(exc: type[BaseException], fn: Callable[[], Any], *words: str) -> None:
+    try:
+        fn()
+    except exc as e:
+        msg = str(e)
+        assert all(w in msg for w in words), (msg, words)
+    else:
+        raise AssertionError(f"no {exc.__name__} raised (expected words {words})")
+
+
+t = torch.ones(3)
+if rank == 0:  # only rank 0: if any of these communicated, the job would hang
+    raises(TypeError, lambda: comm.Allreduce([1.0, 2.0], S.MPI_SUM), "torch.Tensor", "list")
+    raises(ValueError, lambda: comm.Allreduce(t, 99), "op = 99")
+    raises(TypeError, lambda: comm.Allreduce(t, S.MPI_BAND), "MPI_BAND", "float32")
+    raises(TypeError, lambda: comm.Allreduce(torch.ones(2, dtype=torch.complex64), S.MPI_MAX), "MPI_MAX", "complex64")
+    raises(TypeError, lambda: comm.Allreduce(torch.ones(2, dtype=torch.bool), S.MPI_SUM), "MPI_SUM", "bool")
+    raises(ValueError, lambda: comm.Allreduce(torch.ones(3), S.MPI_MAXLOC), "pairs", "(3,)")
+    raises(TypeError, lambda: comm.Allreduce(torch.ones(2, dtype=torch.uint16), S.MPI_SUM), "dtype", "uint16")
+    raises(TypeError, lambda: comm.Allreduce(torch.ones(2).to_sparse(), S.MPI_SUM), "strided")
+    raises(TypeError, lambda: comm.Allreduce(t, "sum"), "op must be an int")
+    raises(ValueError, lambda: comm.Bcast_(t, size), "root", str(size))
+    raises(ValueError, lambda: comm.Bcast_(t, -1), "root = -1")
+    raises(TypeError, lambda: comm.Bcast_(t, 0.0), "root must be an int")
+    raises(ValueError, lambda: comm.Reduce_(t, S.MPI_SUM, size + 3), "root")
+    raises(ValueError, lambda: comm.Gather(t, 1, 0), "gatheraxis = 1")
+    raises(ValueError, lambda: comm.Gather(t, 0, size), "root")
+    raises(ValueError, lambda: comm.Allgather(t.view(1, 3), 2), "gatheraxis = 2")
+    raises(ValueError, lambda: comm.Scatter(t, 0, -1, 0), "numelem")
+    raises(ValueError, lambda: comm.Scatter(t, 3, 1, 0), "scatteraxis = 3")
+    raises(ValueError, lambda: comm.Scatter(t, 0, 1, size), "root")
+    raises(ValueError, lambda: comm.Alltoall(t, 0, 1, 1), "scatteraxis = 1")
+    raises(ValueError, lambda: comm.Alltoall(t, 0, 0, -2), "numelem")
+    raises(ValueError, lambda: comm.Reduce_scatter(torch.ones(size + 1), S.MPI_SUM), "divide")
+    raises(TypeError, lambda: comm.Reduce_scatter(torch.ones(2, 2), S.MPI_MAXLOC), "MPI_MAXLOC")
+    raises(ValueError, lambda: comm.Isend(t, size, 0), "dest")
+    raises(ValueError, lambda: comm.Isend(t, 0, -1), "tag")
+    raises(ValueError, lambda: comm.Irecv(t, -1, 0), "source")
+    raises(TypeError, lambda: comm.Irecv(t.numpy(), 0, 0), "torch.Tensor", "ndarray")
+    raises(TypeError, lambda: comm.Wait("handle"), "WaitHandle")
+    raises(ValueError, lambda: comm.Sendrecv(t, size), "dest")
+    raises(TypeError, lambda: mpiad.JoinDummies(t, [1.0]), "dummies[0]")
+    raises(TypeError, lambda: mpiad.JoinDummies(t, t), "list")
+    raises(TypeError, lambda: mpiad.JoinDummies(3, [t]), "loopthrough")
+    raises(TypeError, lambda: mpiad.JoinDummiesHandle(t, [t]), "WaitHandle")
+    raises(TypeError, lambda: mpiad.comm_from_mpi4py(3), "mpi4py")
+    raises(ValueError, lambda: mpiad.comm_from_mpi4py(MPI.COMM_NULL), "COMM_NULL")
+W.Barrier()
+
+# errors needing the other ranks' arguments: raised on every rank, before the data moves
+raises(ValueError, lambda: comm.Scatter(torch.ones(size + 1), 0, 1, 0), "numelem", "sum to")
+raises(ValueError, lambda: comm.Alltoall(torch.ones(2, size + 1), 0, 1, 1), "numelem", "sum to")
+raises(ValueError, lambda: comm.Reduce_scatter(torch.ones(size), S.MPI_SUM, 0, 2 if rank == 0 else 1), "sum to")
+raises(RuntimeError, lambda: comm.Gather(torch.ones(2, 2 + rank), 0, 0), "mismatching")
+raises(RuntimeError, lambda: comm.Allgather(torch.ones(2, dtype=torch.float32 if rank else torch.float64), 0), "mismatching")
+h = comm.Isend(t, rank, 0)
+r = comm.Irecv(torch.empty(3), rank, 0)
+comm.Wait(h)
+comm.Wait(r)
+raises(RuntimeError, lambda: comm.Wait(h), "already waited")
+# a non-differentiable op in backward
+xi = torch.ones(3, dtype=torch.float64, requires_grad=True)
+raises(RuntimeError, lambda: comm.Reduce_scatter(xi * 1, S.MPI_MAX, 0, 3 if rank == 0 else 0).sum().backward(), "MPI_SUM only")
+W.Barrier()
+
+# --------------------------------------------------------------- debug mode
+mpiad.set_debug(True)
+assert mpiad.debug_enabled()
+x = torch.ones(3 + (rank == size - 1))  # the last rank passes a different shape
+raises(RuntimeError, lambda: comm.Allreduce(x, S.MPI_SUM), "mismatching collectives", f"rank {size - 1}", "Allreduce")
+x = torch.ones(3)
+if size > 1:
+    call = (lambda: comm.Allreduce(x, S.MPI_SUM)) if rank == 0 else (lambda: comm.Bcast_(x, 0))
+    raises(RuntimeError, call, "mismatching", "Allreduce", "Bcast_")
+    call = (lambda: comm.Reduce_(x.clone(), S.MPI_SUM, 0)) if rank == 0 else (lambda: comm.Reduce_(x.clone(), S.MPI_MAX, 0))
+    raises(RuntimeError, call, "mismatching", "Reduce_")
+    xd = torch.ones(3, dtype=torch.float64 if rank == 0 else torch.float32)
+    raises(RuntimeError, lambda: comm.Bcast_(xd, 0), "float64", "float32")
+# matching calls pass, with autograd too
+xg = torch.ones(3, requires_grad=True)
+comm.Allreduce(xg, S.MPI_SUM).sum().backward()
+assert torch.equal(xg.grad, torch.full((3,), float(size)))
+assert torch.equal(comm.Bcast_(torch.full((2,), float(rank)), 0), torch.zeros(2))
+mpiad.set_debug(None)
+
+W.Barrier()
+if rank == 0:
+    print(f"extensions: all checks passed on {size} ranks")
