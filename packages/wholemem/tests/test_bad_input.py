@@ -1,0 +1,209 @@
+"""Bad input gets a clear exception naming the problem, before any communication."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import wholemem as wg
+
+T = wg.WmTensorType
+TYPES = [T.HOST, T.CHUNKED, T.NCCL]
+
+
+@pytest.mark.parametrize("ty", TYPES)
+def test_bad_indices(comm: wg.Communicator, ty: wg.WmTensorType) -> None:
+    t = wg.create_wm_tensor(comm, [10, 3], [], torch.float32, ty)
+    with pytest.raises(IndexError, match="10"):
+        wg.gather(t, torch.tensor([1, 10]))
+    with pytest.raises(IndexError, match="-3"):
+        wg.gather(t, torch.tensor([0, -3]))
+    with pytest.raises(IndexError, match="12"):
+        wg.scatter(t, torch.tensor([12]), torch.zeros(1, 3))
+    with pytest.raises(TypeError, match="int64 or int32"):
+        wg.gather(t, torch.tensor([1.0]))
+    with pytest.raises(TypeError, match="int64 or int32"):
+        wg.gather(t, torch.tensor([1], dtype=torch.int16))
+    with pytest.raises(ValueError, match="1-D"):
+        wg.gather(t, torch.zeros(2, 2, dtype=torch.int64))
+    with pytest.raises(TypeError, match="torch.Tensor or numpy"):
+        wg.gather(t, [1, 2])
+    # sub-tensor indices are checked against the view
+    sub = wg.get_sub_tensor(t, [2], [5])
+    with pytest.raises(IndexError, match="3"):
+        wg.gather(sub, torch.tensor([3]))
+    # numpy indices work
+    assert wg.gather(t, np.array([1, 2], dtype=np.int64)).shape == (2, 3)
+
+
+@pytest.mark.parametrize("ty", TYPES)
+def test_bad_values_and_out(comm: wg.Communicator, ty: wg.WmTensorType) -> None:
+    t = wg.create_wm_tensor(comm, [10, 3], [], torch.float32, ty)
+    idx = torch.tensor([1, 2])
+    with pytest.raises(TypeError, match="float32"):
+        wg.scatter(t, idx, torch.zeros(2, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"\(2, 3\)"):
+        wg.scatter(t, idx, torch.zeros(3, 3))
+    with pytest.raises(ValueError, match=r"\(2, 3\)"):
+        wg.gather(t, idx, out=torch.empty(2, 4))
+    with pytest.raises(TypeError, match="float32"):
+        wg.gather(t, idx, out=torch.empty(2, 3, dtype=torch.int32))
+    with pytest.raises(ValueError, match="contiguous"):
+        wg.gather(t, idx, out=torch.empty(3, 2).t())
+    with pytest.raises(TypeError, match="ChunkedTensor"):
+        wg.gather("not a tensor", idx)
+    # nothing was written by the failed calls
+    assert torch.equal(wg.gather(t, torch.arange(10)), torch.zeros(10, 3))
+
+
+def test_bad_create_arguments(comm: wg.Communicator) -> None:
+    with pytest.raises(TypeError, match="dtype"):
+        wg.create_wm_tensor(comm, [4], [], torch.complex64, T.HOST)
+    with pytest.raises(TypeError, match="WmTensorType"):
+        wg.create_wm_tensor(comm, [4], [], torch.float32, "HOST")
+    with pytest.raises(ValueError, match="non-negative"):
+        wg.create_wm_tensor(comm, [-1, 2], [], torch.float32, T.CHUNKED)
+    with pytest.raises(TypeError, match="ints"):
+        wg.create_wm_tensor(comm, [2.5], [], torch.float32, T.HOST)
+    with pytest.raises(ValueError, match="one entry per dimension"):
+        wg.create_wm_tensor(comm, [4, 2], [2], torch.float32, T.HOST)
+    with pytest.raises(ValueError, match="overlap"):
+        wg.create_wm_tensor(comm, [4, 3], [2, 1], torch.float32, T.NCCL)
+    with pytest.raises(ValueError, match=">= 1"):
+        wg.create_wm_tensor(comm, [4, 3], [0, 1], torch.float32, T.HOST)
+    with pytest.raises(TypeError, match="Communicator"):
+        wg.create_wm_tensor(None, [4], [], torch.float32, T.HOST)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="GPU"):
+        wg.create_wm_tensor(comm, [4], [], torch.float32, T.DEVICE)
+
+
+def test_views_and_local(comm: wg.Communicator) -> None:
+    t = wg.create_wm_tensor(comm, [10, 4], [], torch.float32, T.CHUNKED)
+    with pytest.raises(ValueError, match="range"):
+        wg.get_sub_tensor(t, [0], [11])
+    with pytest.raises(TypeError, match="lists"):
+        wg.get_sub_tensor(t, 0, 5)
+    with pytest.raises(TypeError, match="plain"):
+        wg.get_local_tensor(torch.zeros(3))
+    with pytest.raises(RuntimeError, match="GPU"):
+        wg.get_tensor_view(t, torch.device("cuda"))
+    assert wg.get_tensor_view(t, "cpu") is t
+    h = wg.create_wm_tensor(comm, [10, 4], [], torch.float32, T.HOST)
+    assert wg.get_tensor_view(h, torch.device("cpu")) is h
+    assert wg.get_partition_plan(h) == 10
+    local, first = wg.get_local_tensor(h)
+    local[3] = 5.0  # the local part shares memory
+    assert first == 0 and torch.all(h[3] == 5.0)
+    # a CHUNKED tensor's local part shares memory with the chunk
+    cl, cf = wg.get_local_tensor(t)
+    cl[2, 1] = 9.0
+    assert wg.gather(t, torch.tensor([2]))[0, 1] == 9.0
+
+
+def test_communicator_arguments() -> None:
+    wg.init_lib()
+    uid = wg.get_unique_id()
+    assert len(uid.token) == 32 and pickle.loads(pickle.dumps(uid)) == uid
+    assert "bits" in repr(uid) and uid.token not in repr(uid)
+    with pytest.raises(ValueError, match="rank"):
+        wg.create_communicator(2, uid, 2)
+    with pytest.raises(ValueError, match="size"):
+        wg.create_communicator(0, uid, 0)
+    with pytest.raises(TypeError, match="UniqueId"):
+        wg.create_communicator(1, "abc", 0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="mpi4py"):
+        wg.communicator_from_mpi4py(object())
+    with pytest.raises(RuntimeError, match="not initialized"):
+        wg.communicator_from_process_group()
+    wg.finalize_lib()
+
+
+def test_use_after_finalize(tmp_path: Path) -> None:
+    wg.init_lib()
+    comm = wg.create_communicator(1, wg.get_unique_id(), 0)
+    ts = [wg.create_wm_tensor(comm, [4, 2], [], torch.float32, ty) for ty in TYPES]
+    emb = wg.Embedding(comm, 5, 2, optimizer=wg.SGD(lr=0.1))
+    wg.finalize_lib()
+    for t in ts:
+        with pytest.raises(RuntimeError, match="finalize"):
+            wg.gather(t, torch.tensor([0]))
+        with pytest.raises(RuntimeError, match="finalize"):
+            wg.scatter(t, torch.tensor([0]), torch.zeros(1, 2))
+        with pytest.raises(RuntimeError, match="finalize"):
+            wg.store_to_files(t, tmp_path)
+    with pytest.raises(RuntimeError, match="finalize"):
+        ts[1].get_ptr()
+    with pytest.raises(RuntimeError, match="finalize"):
+        emb(torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="finalize"):
+        wg.get_unique_id()
+    with pytest.raises(RuntimeError, match="finalize"):
+        comm.barrier()
+    with pytest.raises(RuntimeError, match="finalize"):
+        wg.create_wm_tensor(comm, [4], [], torch.float32, T.HOST)
+
+
+def test_files_bad_input(comm: wg.Communicator, tmp_path: Path) -> None:
+    t = wg.create_wm_tensor(comm, [6, 2], [], torch.float32, T.NCCL)
+    wg.scatter(t, torch.arange(6), torch.arange(12.0).reshape(6, 2))
+    files = wg.store_to_files(t, tmp_path / "a", num_parts=4)
+    assert len(files) == 4
+    with pytest.raises(ValueError, match="num_parts"):
+        wg.store_to_files(t, tmp_path / "b", num_parts=0)
+    other = wg.create_wm_tensor(comm, [7, 2], [], torch.float32, T.HOST)
+    with pytest.raises(ValueError, match="shape"):
+        wg.load_from_files(other, tmp_path / "a")
+    with pytest.raises(ValueError, match="rows"):
+        wg.load_from_files(other, files)
+    wrong = wg.create_wm_tensor(comm, [6, 2], [], torch.float64, T.HOST)
+    with pytest.raises(TypeError, match="float32"):
+        wg.load_from_files(wrong, tmp_path / "a")
+    with pytest.raises(FileNotFoundError):
+        wg.load_from_files(other, tmp_path / "missing_dir_is_a_file_list")
+    with pytest.raises(TypeError, match="create_wm_tensor"):
+        wg.store_to_files(torch.zeros(3), tmp_path / "c")
+    ok = wg.create_wm_tensor(comm, [6, 2], [], torch.float32, T.HOST)
+    wg.load_from_files(ok, files[::-1][::-1])
+    assert torch.equal(ok, torch.arange(12.0).reshape(6, 2))
+
+
+def test_embedding_bad_input(comm: wg.Communicator) -> None:
+    with pytest.raises(TypeError, match="floating"):
+        wg.Embedding(comm, 4, 2, dtype=torch.int32)
+    with pytest.raises(TypeError, match="optimizer"):
+        wg.Embedding(comm, 4, 2, optimizer=torch.optim.SGD)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="init"):
+        wg.Embedding(comm, 4, 2, init=torch.zeros(3, 2))
+    emb = wg.Embedding(comm, 4, 2)
+    with pytest.raises(IndexError, match="4"):
+        emb(torch.tensor([4]))
+    with pytest.raises(RuntimeError, match="no optimizer"):
+        emb.step()
+    # default init is independent of the partition and deterministic
+    again = wg.Embedding(comm, 4, 2)
+    assert torch.equal(emb.weight, again.weight) and emb.weight.abs().sum() > 0
+
+
+def test_plain_tensors_and_strides(comm: wg.Communicator) -> None:
+    # gather / scatter also work on any CPU tensor, strided or not
+    base = torch.arange(30.0).reshape(6, 5)
+    view = base[:, 1:4]
+    assert torch.equal(wg.gather(view, torch.tensor([5, 0])), view[[5, 0]])
+    wg.scatter(view, torch.tensor([2]), torch.full((1, 3), -1.0))
+    assert torch.equal(base[2], torch.tensor([10.0, -1, -1, -1, 14]))
+    # a padded-row HOST tensor honours its stride
+    h = wg.create_wm_tensor(comm, [5, 3], [8, 2], torch.int32, T.HOST)
+    assert h.stride() == (8, 2)
+    wg.scatter(h, torch.tensor([4]), torch.tensor([[1, 2, 3]], dtype=torch.int32))
+    assert torch.equal(h[4], torch.tensor([1, 2, 3], dtype=torch.int32))
+    # a 3-D tensor with mergeable trailing dims
+    c = wg.create_wm_tensor(comm, [4, 2, 3], [], torch.float64, T.CHUNKED)
+    v = torch.arange(6.0, dtype=torch.float64).reshape(1, 2, 3)
+    wg.scatter(c, torch.tensor([3]), v)
+    assert torch.equal(wg.gather(c, torch.tensor([3])), v)
+    with pytest.raises(ValueError, match="mergeable"):
+        wg.create_wm_tensor(comm, [4, 2, 3], [6, 1, 2], torch.float32, T.HOST)
