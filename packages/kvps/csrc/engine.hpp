@@ -717,10 +717,18 @@ class Engine {
         ++already;
         continue;
       }
-      if (st != INCOMING) state_[k] = INCOMING;
+      const bool was_incoming = st == INCOMING || (flags_[k] & F_INCOMING);
+      if (!was_incoming) {
+        // a replica keeps serving local reads/pushes until the value arrives
+        if (st == REPLICA) {
+          flags_[k] |= F_INCOMING;
+        } else {
+          state_[k] = INCOMING;
+        }
+      }
       l.unlock();
       waiters_[k].push_back(ts);
-      if (st != INCOMING) add_key(out(ob, home(k), M_LOCALIZE, rank_, 0), k, 0, nullptr);
+      if (!was_incoming) add_key(out(ob, home(k), M_LOCALIZE, rank_, 0), k, 0, nullptr);
     }
     if (already) complete(ts, already);
   }
@@ -752,7 +760,7 @@ class Engine {
         if (want_[k] != 0) continue;  // re-added in this round
         auto& l = lock_of(k);
         l.lock();
-        if (state_[k] == REPLICA) {
+        if (state_[k] == REPLICA && !(flags_[k] & F_INCOMING)) {
           state_[k] = NOT_HERE;
           flags_[k] &= ~F_DELTA;
           replicas_.erase(k);
@@ -798,7 +806,7 @@ class Engine {
     if (replicas_.empty()) return;
     std::map<int, Builder> per;
     for (int64_t k : replicas_) {
-      if (flags_[k] & F_SYNCING) continue;
+      if (flags_[k] & (F_SYNCING | F_INCOMING)) continue;
       auto& l = lock_of(k);
       l.lock();
       if (state_[k] == REPLICA) {
@@ -940,6 +948,7 @@ class Engine {
       case M_INTENT_ADD:
       case M_INTENT_DROP:
         home_intent(h.type, h.origin, keys, h.n, ob);
+        flush(ob);  // grants must reach the ranks before the ack (FIFO per source)
         add_key(out(ob, h.origin, M_INTENT_ACK, rank_, h.ts), 0, 0, nullptr);
         break;
       case M_INTENT_ACK:
@@ -951,7 +960,7 @@ class Engine {
           const int64_t k = keys[i];
           if (shutting_down_ || want_[k] == 0) continue;
           uint8_t st = key_state(k);
-          if (st == NOT_HERE || st == REPLICA) todo.push_back(k);
+          if (st == NOT_HERE || (st == REPLICA && !(flags_[k] & F_INCOMING))) todo.push_back(k);
         }
         if (!todo.empty()) start_localize(todo, new_internal(static_cast<int64_t>(todo.size())), ob);
         break;
@@ -1036,8 +1045,16 @@ class Engine {
           break;
         case M_TRANSFER:
           add_key(out(ob, origin, M_HANDOVER, rank_, 0), k, 0, slot);
-          state_[k] = NOT_HERE;
           hint_[k] = origin;
+          if (want_[k] > 0 && (tech_ == T_ALL || tech_ == T_REPL_ONLY) && !shutting_down_) {
+            // still intended here: keep the value as a replica of the new owner
+            std::memset(delta_.data() + off_[k] * isz_, 0, bytes);
+            flags_[k] |= F_DELTA;
+            state_[k] = REPLICA;
+            replicas_.insert(k);
+          } else {
+            state_[k] = NOT_HERE;
+          }
           break;
         default:
           break;
@@ -1045,8 +1062,9 @@ class Engine {
       l.unlock();
       return;
     }
+    const bool incoming = st == INCOMING || (flags_[k] & F_INCOMING);
     l.unlock();
-    if (st == INCOMING) {
+    if (incoming) {
       PendingOp p{type, origin, ts, pos, {}};
       if (val) p.val.assign(val, val + bytes);
       pending_[k].push_back(std::move(p));
@@ -1069,8 +1087,8 @@ class Engine {
       char* d = delta_.data() + off_[k] * isz_;
       add_(slot, d, len_[k]);
       std::memset(d, 0, len_[k] * isz_);
-      flags_[k] &= ~F_DELTA;
     }
+    flags_[k] &= ~(F_DELTA | F_INCOMING);
     state_[k] = OWNED;
     hint_[k] = rank_;
     l.unlock();
@@ -1089,7 +1107,7 @@ class Engine {
     }
   }
 
-  static constexpr uint8_t F_DELTA = 1, F_FETCHING = 2, F_SYNCING = 4;
+  static constexpr uint8_t F_DELTA = 1, F_FETCHING = 2, F_SYNCING = 4, F_INCOMING = 8;
 
   MPI_Comm comm_, coll_;
   int rank_ = 0, size_ = 1;
