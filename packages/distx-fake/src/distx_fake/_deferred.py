@@ -217,6 +217,12 @@ class _Graph:
 
 
 class _Recorder(TorchDispatchMode):
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # do not wrap __torch_dispatch__ in torch._dynamo.disable: that imports torch._dynamo
+        # (~70 MB, 1.5-3 s) on first use, and this mode is never traced
+        return False
     def __init__(self, graph: _Graph) -> None:
         super().__init__()
         self.graph = graph

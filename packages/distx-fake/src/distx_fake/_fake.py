@@ -140,6 +140,15 @@ def run_fake(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
             f"{func}: cannot create a tensor on device {str(dev)!r}: CUDA is not available; "
             "use fake_mode(fake_cuda=True) to fake CUDA tensors on this machine"
         )
+    if func in _INPLACE_RANDOM or _is_inplace_random(func):
+        # metadata is unchanged: skip the meta kernel (several live in torch._refs, whose
+        # wrappers import torch._dynamo on first use)
+        return args[0]
+    if func in _SAME_META:
+        # shape-preserving ops whose meta kernel lives in torch._refs (see above)
+        src = args[0]
+        elem = torch.empty_like(_to_meta(src), memory_format=torch.contiguous_format)
+        return FakeTensor(elem, dev)
     by_elem: dict[int, FakeTensor] = {}
     for a in args:
         if isinstance(a, FakeTensor):
@@ -158,8 +167,34 @@ def run_fake(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     return tree_map(wrap, out)
 
 
+_SAME_META = {_aten.tril.default, _aten.triu.default}
+_INPLACE_RANDOM: set[Any] = {_aten.tril_.default, _aten.triu_.default}
+_NOT_INPLACE_RANDOM: set[Any] = set()
+
+
+def _is_inplace_random(func: Any) -> bool:
+    if func in _NOT_INPLACE_RANDOM:
+        return False
+    schema = func._schema
+    ok = (
+        torch.Tag.nondeterministic_seeded in func.tags
+        and bool(schema.arguments)
+        and schema.arguments[0].alias_info is not None
+        and schema.arguments[0].alias_info.is_write
+        and len(schema.returns) == 1
+    )
+    (_INPLACE_RANDOM if ok else _NOT_INPLACE_RANDOM).add(func)
+    return ok
+
+
 class _FakeMode(TorchDispatchMode):
     """Redirects every op (factories included) to meta and returns fake tensors."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # do not wrap __torch_dispatch__ in torch._dynamo.disable: that imports torch._dynamo
+        # (~70 MB, 1.5-3 s) on first use, and this mode is never traced
+        return False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         return run_fake(func, args, kwargs or {})
