@@ -58,8 +58,15 @@ def peak_extra_bytes(fn: Callable[[], Any]) -> int:
 
 
 def bench_line(name: str, ratio: float, goal: str, limit: float, unit: str = "x", **extra: Any) -> str:
-    row = {"package": "shardlayers", "name": name, "ratio": round(ratio, 3), "goal": goal,
-           "met": bool(ratio <= limit), "unit": unit, **extra}
+    row = {
+        "package": "shardlayers",
+        "name": name,
+        "ratio": round(ratio, 3),
+        "goal": goal,
+        "met": bool(ratio <= limit),
+        "unit": unit,
+        **extra,
+    }
     return "BENCH " + json.dumps(row)
 
 

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import bench_line, finish, init, peak_extra_bytes, timeit  # noqa: E402
+from _common import bench_line, finish, init, peak_extra_bytes, timeit
 
-import shardlayers as ts  # noqa: E402
+import shardlayers as ts
 
 
 def main() -> None:
@@ -63,13 +63,29 @@ def main() -> None:
     t_theirs = timeit(theirs, 5)
     if rank == 0:
         tag = f"N={n} x V={v}, 2 ranks"
-        print(f"# local logits {local_bytes / 2**20:.0f} MiB; ours {t_ours * 1e3:.1f} ms, peak extra "
-              f"{mem_ours / 2**20:.0f} MiB; loss_parallel {t_theirs * 1e3:.1f} ms, peak extra {mem_theirs / 2**20:.0f} MiB")
-        print(bench_line(f"vocab-parallel cross-entropy fwd+bwd time ({tag}): shardlayers / loss_parallel",
-                         t_ours / t_theirs, "<= 1.0", 1.0, ms=round(t_ours * 1e3, 2), ms_anchor=round(t_theirs * 1e3, 2)))
-        print(bench_line(f"vocab-parallel cross-entropy peak extra memory ({tag}): shardlayers / local logits",
-                         mem_ours / local_bytes, "<= 2.0", 2.0,
-                         anchor_loss_parallel=round(mem_theirs / local_bytes, 3)))
+        print(
+            f"# local logits {local_bytes / 2**20:.0f} MiB; ours {t_ours * 1e3:.1f} ms, peak extra "
+            f"{mem_ours / 2**20:.0f} MiB; loss_parallel {t_theirs * 1e3:.1f} ms, peak extra {mem_theirs / 2**20:.0f} MiB"
+        )
+        print(
+            bench_line(
+                f"vocab-parallel cross-entropy fwd+bwd time ({tag}): shardlayers / loss_parallel",
+                t_ours / t_theirs,
+                "<= 1.0",
+                1.0,
+                ms=round(t_ours * 1e3, 2),
+                ms_anchor=round(t_theirs * 1e3, 2),
+            )
+        )
+        print(
+            bench_line(
+                f"vocab-parallel cross-entropy peak extra memory ({tag}): shardlayers / local logits",
+                mem_ours / local_bytes,
+                "<= 2.0",
+                2.0,
+                anchor_loss_parallel=round(mem_theirs / local_bytes, 3),
+            )
+        )
     finish()
 
 

@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import bench_line, finish, init, timeit  # noqa: E402
+from _common import bench_line, finish, init, timeit
 
-import shardlayers as ts  # noqa: E402
+import shardlayers as ts
 
 
 class MLP(nn.Module):
@@ -60,8 +60,16 @@ def main() -> None:
     t_theirs = min(timeit(lambda: run(theirs), 5), timeit(lambda: run(theirs), 5))
     if rank == 0:
         print(f"# shardlayers {t_ours * 1e3:.1f} ms, DTensor {t_theirs * 1e3:.1f} ms")
-        print(bench_line(f"ParallelLinear MLP fwd+bwd (T={t}, H={h}, ffn={4 * h}, 2 ranks): shardlayers / DTensor Colwise+Rowwise",
-                         t_ours / t_theirs, "<= 1.0", 1.0, ms=round(t_ours * 1e3, 2), ms_anchor=round(t_theirs * 1e3, 2)))
+        print(
+            bench_line(
+                f"ParallelLinear MLP fwd+bwd (T={t}, H={h}, ffn={4 * h}, 2 ranks): shardlayers / DTensor Colwise+Rowwise",
+                t_ours / t_theirs,
+                "<= 1.0",
+                1.0,
+                ms=round(t_ours * 1e3, 2),
+                ms_anchor=round(t_theirs * 1e3, 2),
+            )
+        )
     finish()
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import distkit_common
 import pytest
 import torch
-from distkit_common.dtypes import code_of
 
+import distkit_common
 import shardlayers
 import shardlayers as ts
+from distkit_common.dtypes import code_of
 from shardlayers import _shardlayers
 from shardlayers._xent import native_grad, native_stats
 
@@ -61,7 +61,9 @@ def test_native_bad_input() -> None:
     with pytest.raises(ValueError, match="columns"):
         _shardlayers.xent_stats_cpu(x.data_ptr(), 2, 3, 2, code_of(x.dtype), t.data_ptr(), 0, 0, False, out.data_ptr())
     with pytest.raises(TypeError, match="floating"):
-        _shardlayers.xent_stats_cpu(x.data_ptr(), 2, 3, 3, code_of(torch.int32), t.data_ptr(), 0, 0, False, out.data_ptr())
+        _shardlayers.xent_stats_cpu(
+            x.data_ptr(), 2, 3, 3, code_of(torch.int32), t.data_ptr(), 0, 0, False, out.data_ptr()
+        )
     with pytest.raises(ValueError, match="null"):
         _shardlayers.xent_stats_cpu(0, 2, 3, 3, code_of(x.dtype), t.data_ptr(), 0, 0, False, out.data_ptr())
     with pytest.raises(RuntimeError, match="CUDA"):
@@ -154,6 +156,5 @@ def test_rng_tracker() -> None:
     assert torch.equal(inside, torch.rand(1, generator=torch.Generator().manual_seed(7)))
     with pytest.raises(ValueError, match="already"):
         tr.add("b", 7)
-    with pytest.raises(KeyError):
-        with tr.fork("missing"):
-            pass
+    with pytest.raises(KeyError), tr.fork("missing"):
+        pass

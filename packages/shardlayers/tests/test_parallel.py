@@ -6,11 +6,12 @@ import os
 import sys
 
 import pytest
+
 from distkit_common.testing import run_spawn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from workers import layers, training  # noqa: E402
+from workers import layers, training
 
 
 @pytest.mark.spawn

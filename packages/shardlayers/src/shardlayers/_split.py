@@ -16,9 +16,7 @@ def partition_sizes(n: int, parts: int, *, uneven: bool = True, what: str = "siz
     if parts < 1:
         raise ValueError(f"number of partitions must be >= 1, got {parts}")
     if n % parts and not uneven:
-        raise ValueError(
-            f"{what} {n} is not divisible by {parts} partitions (pass uneven=True to allow uneven splits)"
-        )
+        raise ValueError(f"{what} {n} is not divisible by {parts} partitions (pass uneven=True to allow uneven splits)")
     base, rem = divmod(n, parts)
     return [base + (1 if i < rem else 0) for i in range(parts)]
 
@@ -29,7 +27,7 @@ def partition_range(n: int, parts: int, index: int, *, uneven: bool = True, what
     return sum(sizes[:index]), sizes[index]
 
 
-def slice(  # noqa: A001 - TorchShard's name
+def slice(
     tensor: torch.Tensor,
     num_partitions: int,
     dim: int | None = -1,

@@ -40,7 +40,7 @@ def check_dim(dim: Any, name: str = "dim", allowed: tuple[Any, ...] = _VALID_DIM
     """
     if isinstance(dim, bool) or dim not in allowed:
         raise ValueError(f"{name} must be one of {allowed}, got {dim!r}")
-    return dim  # type: ignore[no-any-return]
+    return dim
 
 
 def get_parallel_dim(tensor: torch.Tensor) -> int | None:
@@ -227,7 +227,9 @@ class ParallelTensor(torch.Tensor):
             return ret
         tags = {_axis(t) for t, _ in found}
         if len(tags) > 1:
-            raise ValueError(f"tag mismatch: inputs of {getattr(func, '__name__', func)} are split along different dims")
+            raise ValueError(
+                f"tag mismatch: inputs of {getattr(func, '__name__', func)} are split along different dims"
+            )
         tag, src = found[0]
         if isinstance(ret, torch.Tensor):
             if type(ret) is torch.Tensor and _keeps_split(ret, src, tag):

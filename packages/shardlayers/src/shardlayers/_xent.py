@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from distkit_common.dtypes import code_of
 
 from . import _shardlayers
@@ -74,7 +75,7 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
     """Forward computes loss and the (unscaled) gradient; backward only scales it."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         logits: torch.Tensor,
         target: torch.Tensor,

@@ -26,6 +26,8 @@ def raises(exc: type[BaseException], fn: Any, *args: Any, match: str = "", **kwa
     try:
         fn(*args, **kwargs)
     except exc as e:
-        assert match.lower() in str(e).lower(), f"expected {match!r} in {e!r}"
+        msg = str(e)
+        if match.lower() not in msg.lower():
+            raise AssertionError(f"expected {match!r} in {msg!r}") from e
         return
     raise AssertionError(f"{fn} did not raise {exc.__name__}")

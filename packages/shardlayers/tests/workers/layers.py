@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from distkit_common.testing import init_process_group
 from torch import nn
 
 import shardlayers as ts
+from distkit_common.testing import init_process_group
 
 try:
     from workers.common import close, raises, shard
@@ -27,7 +27,9 @@ def check_linear(p: int, r: int) -> None:
             if dim is None and uneven:
                 continue
             torch.manual_seed(1)
-            ref = nn.Linear(12, out_f, dtype=torch.float64) if dim != 0 else nn.Linear(out_f + 4, 6, dtype=torch.float64)
+            ref = (
+                nn.Linear(12, out_f, dtype=torch.float64) if dim != 0 else nn.Linear(out_f + 4, 6, dtype=torch.float64)
+            )
             torch.manual_seed(1)
             if dim == 0:
                 m = ts.nn.ParallelLinear(out_f + 4, 6, dim=0, uneven=uneven, dtype=torch.float64)
@@ -59,8 +61,11 @@ def check_linear(p: int, r: int) -> None:
                     close(y, yr, what=f"fwd {dim}")
                     (y * gy).sum().backward()
                 close(xl.grad, xr.grad, what=f"dx {dim} tagged={tagged_input}")
-                close(m.weight.grad, shard(ref.weight.grad, axis, p, r) if dim is not None else ref.weight.grad,
-                      what=f"dw {dim}")
+                close(
+                    m.weight.grad,
+                    shard(ref.weight.grad, axis, p, r) if dim is not None else ref.weight.grad,
+                    what=f"dw {dim}",
+                )
                 gb = shard(ref.bias.grad, 0, p, r) if dim in (1, -1) else ref.bias.grad
                 close(m.bias.grad, gb, what=f"db {dim}")
                 ref.zero_grad()
@@ -110,7 +115,13 @@ def check_megatron(p: int, r: int) -> None:
 
 def check_embedding(p: int, r: int) -> None:
     d = torch.float64
-    for dim, uneven, nv, nd in ((None, False, 10, 6), (0, False, 12, 8), (0, True, 11, 6), (-1, False, 12, 8), (-1, True, 10, 7)):
+    for dim, uneven, nv, nd in (
+        (None, False, 10, 6),
+        (0, False, 12, 8),
+        (0, True, 11, 6),
+        (-1, False, 12, 8),
+        (-1, True, 10, 7),
+    ):
         torch.manual_seed(3)
         ref = nn.Embedding(nv, nd, padding_idx=2, dtype=d)
         torch.manual_seed(3)
@@ -129,7 +140,9 @@ def check_embedding(p: int, r: int) -> None:
         else:
             close(y, yr, what=f"emb fwd {dim}")
             (y * gy).sum().backward()
-        close(m.weight.grad, ref.weight.grad if dim is None else shard(ref.weight.grad, axis, p, r), what=f"emb dw {dim}")
+        close(
+            m.weight.grad, ref.weight.grad if dim is None else shard(ref.weight.grad, axis, p, r), what=f"emb dw {dim}"
+        )
         close(ts.nn.functional.parallel_embedding(ids, m.weight, 2, dim=dim), y, 0, 0, "emb functional")
 
 
@@ -148,7 +161,9 @@ def check_cross_entropy(p: int, r: int) -> None:
                     (lr * g).sum().backward()
                     xl = shard(logits, -1, p, r).clone().requires_grad_(True)
                     inp = ts.nn.RegisterParallelDim(-1)(xl)
-                    crit = ts.nn.ParallelCrossEntropyLoss(weight=w, ignore_index=-100, reduction=red, label_smoothing=eps)
+                    crit = ts.nn.ParallelCrossEntropyLoss(
+                        weight=w, ignore_index=-100, reduction=red, label_smoothing=eps
+                    )
                     loss = crit(inp, target)
                     what = f"xent c={c} w={w is not None} eps={eps} red={red}"
                     close(loss, lr, 1e-10, 1e-10, what)
@@ -221,8 +236,17 @@ def check_tags_and_errors(p: int, r: int) -> None:
     row = ts.nn.ParallelLinear(8, 4, dim=0)
     x = torch.randn(5, 4)
     h = col(x)
-    for op in (torch.relu, F.gelu, torch.tanh, lambda t: F.dropout(t, 0.5), lambda t: t * 2 + 1,
-               lambda t: t.view(5, 1, -1), lambda t: t.reshape(1, 5, -1), lambda t: t.unsqueeze(0), lambda t: t[1:3]):
+    for op in (
+        torch.relu,
+        F.gelu,
+        torch.tanh,
+        lambda t: F.dropout(t, 0.5),
+        lambda t: t * 2 + 1,
+        lambda t: t.view(5, 1, -1),
+        lambda t: t.reshape(1, 5, -1),
+        lambda t: t.unsqueeze(0),
+        lambda t: t[1:3],
+    ):
         assert ts.get_parallel_dim(op(h)) == -1
     assert ts.get_parallel_dim(h.sum(-1)) is None
     assert ts.get_parallel_dim(h.t()) is None
@@ -248,11 +272,19 @@ def check_tags_and_errors(p: int, r: int) -> None:
     raises(IndexError, ts.nn.functional.parallel_cross_entropy, lg, torch.tensor([0, 1, 4 * p]), match="out of bounds")
     raises(TypeError, ts.nn.functional.parallel_cross_entropy, lg, torch.zeros(3), match="target")
     raises(ValueError, ts.nn.functional.parallel_cross_entropy, lg, torch.zeros(4, dtype=torch.int64), match="shape")
-    raises(ValueError, ts.nn.functional.parallel_cross_entropy, lg, torch.zeros(3, dtype=torch.int64),
-           weight=torch.ones(3), match="weight must have shape")
+    raises(
+        ValueError,
+        ts.nn.functional.parallel_cross_entropy,
+        lg,
+        torch.zeros(3, dtype=torch.int64),
+        weight=torch.ones(3),
+        match="weight must have shape",
+    )
     raises(ValueError, ts.distributed.init_process_group, 3 if p != 3 else 5, match="divide")
     raises(TypeError, ts.distributed.init_process_group, 1.0, match="int")
-    raises(ValueError, ts.nn.ColumnParallelLinear, 4, 4, gather_output=True, sequence_parallel=True, match="incompatible")
+    raises(
+        ValueError, ts.nn.ColumnParallelLinear, 4, 4, gather_output=True, sequence_parallel=True, match="incompatible"
+    )
     raises(TypeError, ts.distributed.scatter, [1], match="tensor")
     raises(IndexError, ts.distributed.gather, torch.zeros(2), 3, match="out of range")
     # autograd ops: closed form

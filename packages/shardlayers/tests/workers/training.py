@@ -8,11 +8,11 @@ import io
 
 import torch
 import torch.nn.functional as F
-from distkit_common.testing import init_process_group
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import shardlayers as ts
+from distkit_common.testing import init_process_group
 
 try:
     from workers.common import close, shard

@@ -110,15 +110,23 @@ class ParallelEmbedding(nn.Module):
         if _PARALLEL_DIM not in self.weight.__dict__:
             self._register_tags()
         return PF.parallel_embedding(
-            input, self.weight, self.padding_idx, self.max_norm, self.norm_type,
-            self.scale_grad_by_freq, self.sparse, self.dim,
+            input,
+            self.weight,
+            self.padding_idx,
+            self.max_norm,
+            self.norm_type,
+            self.scale_grad_by_freq,
+            self.sparse,
+            self.dim,
         )
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, dim={self.dim}"
 
     @classmethod
-    def convert_parallel_embedding(cls, module: nn.Module, dim: int | None = None, *, uneven: bool = False) -> nn.Module:
+    def convert_parallel_embedding(
+        cls, module: nn.Module, dim: int | None = None, *, uneven: bool = False
+    ) -> nn.Module:
         """See :func:`convert_parallel_embedding`."""
         return convert_parallel_embedding(module, dim, uneven=uneven)
 
@@ -149,8 +157,17 @@ def convert_parallel_embedding(module: nn.Module, dim: int | None = None, *, une
         if type(m) is not nn.Embedding:
             return None
         new = ParallelEmbedding(
-            m.num_embeddings, m.embedding_dim, m.padding_idx, m.max_norm, m.norm_type,
-            m.scale_grad_by_freq, m.sparse, dim, uneven=uneven, device=m.weight.device, dtype=m.weight.dtype,
+            m.num_embeddings,
+            m.embedding_dim,
+            m.padding_idx,
+            m.max_norm,
+            m.norm_type,
+            m.scale_grad_by_freq,
+            m.sparse,
+            dim,
+            uneven=uneven,
+            device=m.weight.device,
+            dtype=m.weight.dtype,
         )
         _load_slices(new, m)
         return new

@@ -85,9 +85,9 @@ class ParallelLinear(nn.Module):
             else:
                 in_l = partition_range(in_features, p, r, uneven=uneven, what="in_features")[1]
         kw = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty((out_l, in_l), **kw))  # type: ignore[arg-type]
+        self.weight = nn.Parameter(torch.empty((out_l, in_l), **kw))
         if bias:
-            self.bias: nn.Parameter | None = nn.Parameter(torch.empty((out_l,), **kw))  # type: ignore[arg-type]
+            self.bias: nn.Parameter | None = nn.Parameter(torch.empty((out_l,), **kw))
         else:
             self.register_parameter("bias", None)
         self._register_tags()
@@ -269,7 +269,7 @@ class RowParallelLinear(ParallelLinear):
 def _convert(module: nn.Module, make: Any) -> nn.Module:
     new = make(module)
     if new is not None:
-        return new  # type: ignore[no-any-return]
+        return new
     for name, child in list(module.named_children()):
         setattr(module, name, _convert(child, make))
     return module
@@ -301,8 +301,13 @@ def convert_parallel_linear(module: nn.Module, dim: int | None = None, *, uneven
         if type(m) is not nn.Linear:
             return None
         new = ParallelLinear(
-            m.in_features, m.out_features, m.bias is not None, dim, uneven=uneven,
-            device=m.weight.device, dtype=m.weight.dtype,
+            m.in_features,
+            m.out_features,
+            m.bias is not None,
+            dim,
+            uneven=uneven,
+            device=m.weight.device,
+            dtype=m.weight.dtype,
         )
         _load_slices(new, m)
         return new

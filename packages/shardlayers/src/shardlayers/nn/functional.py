@@ -31,7 +31,7 @@ class _ColumnLinear(torch.autograd.Function):
     all-reduce (or reduce-scatter) with the weight-gradient matmul."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         x: torch.Tensor,
         weight: torch.Tensor,
@@ -97,7 +97,7 @@ def column_linear(
         seq = sequence_dim % x.dim()
     out: torch.Tensor = _ColumnLinear.apply(x, weight, bias, group, seq)
     if gather_output:
-        return _ops._Gather.apply(out, out.dim() - 1, group, partition_sizes(_full_size(weight, 0, p), p))  # type: ignore[no-any-return]
+        return _ops._Gather.apply(out, out.dim() - 1, group, partition_sizes(_full_size(weight, 0, p), p))
     return tag_output(out, -1)
 
 
@@ -302,8 +302,9 @@ def parallel_cross_entropy(
         raise TypeError(f"weight must be a tensor or None, got {type(weight).__name__}")
     tag = getattr(input, _PARALLEL_DIM, None)
     if tag is None:
-        return F.cross_entropy(input, target, weight, ignore_index=ignore_index, reduction=reduction,
-                               label_smoothing=label_smoothing)
+        return F.cross_entropy(
+            input, target, weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
+        )
     if tag not in (1, -1):
         raise ValueError(f"tag mismatch: logits must be split along the class (last) dim (tag -1), got tag {tag}")
     if input.dim() < 1 or tuple(target.shape) != tuple(input.shape[:-1]):
