@@ -1,0 +1,77 @@
+"""Single-process checks: the API surface, constants, local validation, staging helpers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mpiad
+from mpiad import _raw
+
+
+def test_mpi4torch_names_and_constant_values() -> None:
+    names = ["MPI_MAX", "MPI_MIN", "MPI_SUM", "MPI_PROD", "MPI_LAND", "MPI_BAND", "MPI_LOR", "MPI_BOR", "MPI_LXOR",
+             "MPI_BXOR", "MPI_MINLOC", "MPI_MAXLOC"]
+    assert [getattr(mpiad, n) for n in names] == list(range(12))  # mpi4torch's numbering
+    for n in ["COMM_WORLD", "comm_from_mpi4py", "JoinDummies", "JoinDummiesHandle", "WaitHandle", "MPI_Communicator",
+              "deactivate_cuda_aware_mpi_support"]:
+        assert n in mpiad.__all__
+    methods = ["Allreduce", "Bcast_", "Reduce_", "Gather", "Allgather", "Scatter", "Alltoall", "Isend", "Irecv", "Wait",
+               "Send", "Recv", "Reduce_scatter", "Sendrecv", "Barrier"]
+    for m in methods:
+        assert callable(getattr(mpiad.COMM_WORLD, m))
+    assert mpiad.MPI_Communicator is mpiad.Communicator
+
+
+def test_single_rank_world_values_and_grads() -> None:
+    comm = mpiad.COMM_WORLD
+    assert (comm.rank, comm.size) == (0, 1)
+    x = torch.arange(6.0, dtype=torch.float64).view(2, 3).requires_grad_()
+    y = comm.Allgather(comm.Alltoall(comm.Allreduce(x, mpiad.MPI_SUM), 0, 1, 3), 1)
+    (y * 2).sum().backward()
+    assert torch.equal(y, x.detach())
+    assert torch.equal(x.grad, torch.full((2, 3), 2.0, dtype=torch.float64))
+    h = comm.Isend(torch.ones(2), 0, 3)
+    assert "pending" in repr(h) or "done" in repr(h)
+    got = comm.Recv(torch.empty(2), 0, 3)
+    comm.Wait(h)
+    assert torch.equal(got, torch.ones(2))
+    comm.Barrier()
+
+
+def test_local_validation_messages() -> None:
+    comm = mpiad.COMM_WORLD
+    with pytest.raises(ValueError, match="root = 1 is out of range"):
+        comm.Bcast_(torch.ones(2), 1)
+    with pytest.raises(TypeError, match="MPI_BXOR is not supported for dtype float64"):
+        comm.Allreduce(torch.ones(2, dtype=torch.float64), mpiad.MPI_BXOR)
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        comm.Gather(None, 0, 0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="gatheraxis = -3"):
+        comm.Allgather(torch.ones(2, 2), -3)
+    with pytest.raises(TypeError, match="mpi4py communicator"):
+        mpiad.comm_from_mpi4py(object())
+
+
+def test_staging_helpers_on_cpu() -> None:
+    t = torch.arange(6.0).view(2, 3)
+    assert _raw.to_mpi(t) is t  # contiguous CPU: handed over as is
+    nc = t.t()
+    staged = _raw.to_mpi(nc)
+    assert staged.is_contiguous() and torch.equal(staged, nc)
+    assert _raw.from_mpi(t, t) is t
+    buf = _raw.mpi_empty((4,), t)
+    assert buf.shape == (4,) and buf.dtype == t.dtype and buf.device == t.device
+    assert mpiad.cuda_aware() is False  # PyPI Open MPI is built without CUDA
+    mpiad.deactivate_cuda_aware_mpi_support()
+    assert mpiad.cuda_aware() is False
+
+
+def test_debug_switch() -> None:
+    assert not mpiad.debug_enabled()
+    mpiad.set_debug(True)
+    try:
+        assert mpiad.debug_enabled()
+        assert torch.equal(mpiad.COMM_WORLD.Allreduce(torch.ones(2), mpiad.MPI_SUM), torch.ones(2))
+    finally:
+        mpiad.set_debug(None)

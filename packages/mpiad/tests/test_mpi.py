@@ -1,0 +1,48 @@
+"""Multi-rank tests: each launch runs a worker script under mpiexec (plain asserts inside)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from distkit_common.testing import run_mpi
+
+HERE = Path(__file__).parent
+SCRIPTS = HERE / "scripts"
+EXAMPLES = HERE.parent / "examples"
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_mpi4torch_suite_ported(nprocs: int) -> None:
+    res = run_mpi(SCRIPTS / "port_mpi4torch.py", nprocs, timeout=120)
+    assert f"all checks passed on {nprocs} ranks" in res.stdout
+
+
+def test_mpi4torch_suite_in_debug_mode() -> None:
+    res = run_mpi(SCRIPTS / "port_mpi4torch.py", 3, timeout=120, env={"MPIAD_DEBUG": "1"})
+    assert "all checks passed on 3 ranks" in res.stdout
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_gradients_against_single_process_reference_and_gradcheck(nprocs: int) -> None:
+    res = run_mpi(SCRIPTS / "grads.py", nprocs, timeout=180)
+    assert f"all checks passed on {nprocs} ranks" in res.stdout
+
+
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_dtypes_bad_input_debug_mode(nprocs: int) -> None:
+    res = run_mpi(SCRIPTS / "extensions.py", nprocs, timeout=120)
+    assert f"all checks passed on {nprocs} ranks" in res.stdout
+
+
+def test_torch_compile_fullgraph_matches_eager() -> None:
+    res = run_mpi(SCRIPTS / "compiled.py", 2, args=["aot_eager"], timeout=180)
+    assert "values and gradients match eager on 2 ranks" in res.stdout
+
+
+@pytest.mark.parametrize("nprocs", [3])
+def test_linear_regression_example(nprocs: int) -> None:
+    res = run_mpi(EXAMPLES / "linear_regression.py", nprocs, timeout=120)
+    assert "Final parameters: [0.1, 1.0, -2.0]" in res.stdout
