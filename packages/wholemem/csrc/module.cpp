@@ -11,6 +11,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,40 @@ class PySegment {
   explicit PySegment(distkit::ShmSegment s) : seg(std::move(s)) {}
   distkit::ShmSegment seg;
 };
+
+/// Contiguous-row gather with software prefetch of the rows a few iterations ahead:
+/// a random-row gather is bound by memory latency, which the hardware prefetcher
+/// cannot hide because the next row address is data dependent.
+template <class T, class I>
+void gather_rows_prefetch(const distkit::RowTable<T>& t, const I* idx, int64_t n, T* out) {
+  constexpr int64_t kAhead = 8;
+  const int64_t nc = t.ncols;
+  const size_t bytes = static_cast<size_t>(nc) * sizeof(T);
+  distkit::parallel_for(0, n, distkit::row_grain(static_cast<int64_t>(bytes)), [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      if (i + kAhead < hi) {
+        const char* r = reinterpret_cast<const char*>(t.row(static_cast<int64_t>(idx[i + kAhead])));
+        for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(r + b, 0, 0);
+      }
+      std::memcpy(out + i * nc, t.row(static_cast<int64_t>(idx[i])), bytes);
+    }
+  });
+}
+
+/// IndexError naming the first index outside [0, nrows). A serial scan below a few
+/// million indices: it costs microseconds and never waits for a pool wake-up.
+template <class I>
+void check_index_range(const I* idx, int64_t n, int64_t nrows) {
+  if (n > (int64_t(1) << 22)) {
+    distkit::check_indices(idx, n, nrows);
+    return;
+  }
+  const int64_t pos = distkit::first_bad_index(idx, n, nrows);
+  if (pos >= 0) {
+    throw distkit::IndexError(distkit::str("index ", static_cast<int64_t>(idx[pos]), " at position ", pos,
+                                           " is out of range for ", nrows, " rows"));
+  }
+}
 
 class Table {
  public:
@@ -85,13 +120,19 @@ class Table {
  private:
   template <class T, class I>
   void run(RowOp op, const I* idx, int64_t n, uintptr_t data, float alpha) const {
-    distkit::check_indices(idx, n, d_.nrows);
+    check_index_range(idx, n, d_.nrows);
     std::vector<T*> chunks(d_.chunks.size());
     for (size_t i = 0; i < chunks.size(); ++i) chunks[i] = reinterpret_cast<T*>(d_.chunks[i]);
     distkit::RowTable<T> t{chunks.data(), d_.rows_per_chunk, d_.nrows, d_.ncols, d_.row_stride, d_.col_stride};
     T* p = reinterpret_cast<T*>(data);
     switch (op) {
-      case RowOp::Gather: distkit::gather_rows_cpu(t, idx, n, p); break;
+      case RowOp::Gather:
+        if (t.contiguous_rows()) {
+          gather_rows_prefetch(t, idx, n, p);
+        } else {
+          distkit::gather_rows_cpu(t, idx, n, p);
+        }
+        break;
       case RowOp::Scatter: distkit::scatter_rows_cpu(t, idx, n, static_cast<const T*>(p)); break;
       case RowOp::ScatterAdd: distkit::scatter_add_rows_cpu(t, idx, n, static_cast<const T*>(p), alpha); break;
     }
@@ -170,6 +211,18 @@ PYBIND11_MODULE(_wholemem, m) {
     check(n >= 1, "number of threads must be >= 1, got ", n);
     distkit::set_num_threads(n);
   });
+  m.def(
+      "check_indices",
+      [](uintptr_t idx, bool idx64, int64_t n, int64_t nrows) {
+        py::gil_scoped_release release;
+        if (idx64) {
+          check_index_range(reinterpret_cast<const int64_t*>(idx), n, nrows);
+        } else {
+          check_index_range(reinterpret_cast<const int32_t*>(idx), n, nrows);
+        }
+      },
+      py::arg("idx"), py::arg("idx64"), py::arg("n"), py::arg("nrows"),
+      "IndexError naming the first of n indices outside [0, nrows).");
   m.def("random_token", &distkit::random_token, py::arg("nbytes") = 16, "Hex token of nbytes random bytes.");
 
   py::class_<PySegment>(m, "Segment", py::buffer_protocol())

@@ -12,7 +12,7 @@ from distkit_common.validate import as_index_tensor, as_tensor
 from . import _lib
 from ._layout import local_range, plain_table_args, rows_per_rank
 from ._tensor import ChunkedTensor, HostInfo, NCCLTensor, _WmTensor
-from ._wholemem import Table
+from ._wholemem import Table, check_indices
 
 WmAny = Any  # torch.Tensor | ChunkedTensor | NCCLTensor
 
@@ -34,7 +34,18 @@ def _check_target(t: Any, what: str) -> None:
 
 
 def _indices(indices: Any, upper: int) -> torch.Tensor:
-    return as_index_tensor(indices, "indices", upper=upper, dtypes=("int64", "int32"))
+    """A contiguous 1-D int64/int32 CPU index tensor with every entry in ``[0, upper)``."""
+    t = as_tensor(indices, "indices")
+    if t.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"indices must be an integer array of dtype int64 or int32, got {t.dtype}")
+    if t.device.type != "cpu":
+        raise ValueError(f"indices must be on the CPU, got {t.device}")
+    if t.dim() != 1:
+        raise ValueError(f"indices must be 1-D, got shape {tuple(t.shape)}")
+    t = t.contiguous()
+    if t.numel():
+        check_indices(int(t.data_ptr()), t.dtype == torch.int64, int(t.numel()), int(upper))
+    return t
 
 
 def _row_shape(t: Any) -> tuple[int, ...]:
@@ -225,7 +236,12 @@ def _nccl_gather(t: NCCLTensor, idx: torch.Tensor, out: torch.Tensor) -> None:
     _native_gather(t._table, ridx, rows)
     back = t.comm.all_to_all(_as_bytes(rows), rc, sc)
     if out.numel():
-        _as_bytes(out).index_copy_(0, order, back)
+        # out[order[i]] = back[i], done as a row gather out[j] = back[inv[j]] (prefetching, threaded)
+        inv = torch.empty_like(order)
+        inv[order] = torch.arange(order.numel())
+        table = _plain_table(back)
+        assert table is not None
+        _native_gather(table, inv, _as_bytes(out))
 
 
 def _nccl_scatter(t: NCCLTensor, idx: torch.Tensor, vals: torch.Tensor) -> None:

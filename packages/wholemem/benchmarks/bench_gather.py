@@ -1,0 +1,168 @@
+# nprocs: 2
+"""Gather of 200k random rows x 128 float32 from a 1M-row table on 2 ranks.
+
+- HOST / CHUNKED gather vs ``torch.index_select(out=)`` on a private tensor (the
+  memory-bandwidth limit of this machine); per-rank throughput ratio, goals >= 0.9 / >= 0.8.
+- NCCL (DISTRIBUTED) gather vs a plain ``torch.distributed.all_to_all_single`` gather
+  (bucket by owner, exchange indices, index_select, exchange rows back); goal >= 1.
+- PSS of two ranks sharing a HOST table vs the table size (private copies would cost 2x).
+  The table is 1 GiB instead of 2 GB to keep memory use modest on this shared machine.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+import wholemem as wg
+
+ROWS, COLS, NIDX, REPS = 1_000_000, 128, 200_000, 7
+PSS_ROWS = (1 << 30) // (COLS * 4)  # a 1 GiB table
+
+
+def bench_pair(ref, fn, mpi) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """Median per-rank times of ``ref`` and ``fn``, interleaved (the machine's load drifts)."""
+    ref(), fn()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(REPS):
+        for k, f in enumerate((ref, fn)):
+            mpi.Barrier()
+            t0 = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t0)
+    # per-rank time of the slower rank (both ranks run at once)
+    return max(mpi.allgather(statistics.median(times[0]))), max(mpi.allgather(statistics.median(times[1])))
+
+
+def pss_kib() -> int:
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    raise RuntimeError("no Pss line in /proc/self/smaps_rollup")
+
+
+def emit(rank: int, name: str, ratio: float, goal: str, met: bool, unit: str = "x", **detail: object) -> None:
+    if rank == 0:
+        row = {"package": "wholemem", "name": name, "ratio": round(ratio, 3), "goal": goal, "met": met, "unit": unit}
+        row["detail"] = detail
+        print("BENCH " + json.dumps(row), flush=True)
+
+
+def a2a_gather(local: torch.Tensor, idx: torch.Tensor, rpr: int, size: int) -> torch.Tensor:
+    """The baseline: a distributed gather written with plain torch.distributed."""
+    owner = torch.div(idx, rpr, rounding_mode="floor")
+    order = torch.argsort(owner, stable=True)
+    send_counts = torch.bincount(owner, minlength=size)
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts)
+    sc, rc = send_counts.tolist(), recv_counts.tolist()
+    ridx = torch.empty(sum(rc), dtype=torch.int64)
+    dist.all_to_all_single(ridx, idx[order], rc, sc)
+    rows = local.index_select(0, ridx - dist.get_rank() * rpr)
+    back = torch.empty((idx.numel(), local.shape[1]), dtype=local.dtype)
+    dist.all_to_all_single(back, rows, sc, rc)
+    out = torch.empty_like(back)
+    out[order] = back
+    return out
+
+
+def main() -> None:
+    mpi = MPI.COMM_WORLD
+    rank, size = mpi.Get_rank(), mpi.Get_size()
+    wg.init_lib()
+    comm = wg.communicator_from_mpi4py(mpi)
+    g = torch.Generator().manual_seed(rank)
+    idx = torch.randint(0, ROWS, (NIDX,), generator=g)
+    out = torch.empty(NIDX, COLS)
+    gbytes = NIDX * COLS * 4 / 1e9
+    results: dict[str, float] = {}
+
+    private = torch.empty(ROWS, COLS).fill_(1.0 + rank)
+    out2 = torch.empty(NIDX, COLS)
+
+    for ty, goal in ((wg.WmTensorType.HOST, 0.9), (wg.WmTensorType.CHUNKED, 0.8)):
+        t = wg.create_wm_tensor(comm, [ROWS, COLS], [], torch.float32, ty)
+        wg.get_local_tensor(t)[0].fill_(1.0 + rank)
+        comm.barrier()
+        t_ref, t_wm = bench_pair(
+            lambda: torch.index_select(private, 0, idx, out=out2), lambda t=t: wg.gather(t, idx, out=out), mpi
+        )
+        assert torch.equal(out[:, 0], (torch.div(idx, wg.get_partition_plan(t), rounding_mode="floor") + 1).float())
+        results[f"index_select (private) vs {ty.name}"] = gbytes / t_ref
+        results[ty.name] = gbytes / t_wm
+        ratio = t_ref / t_wm
+        emit(rank, f"gather 200k x 128 f32 from 1M rows, 2 ranks: {ty.name} / index_select(out=) private",
+             ratio, f">= {goal}", ratio >= goal, gbps_wholemem=round(gbytes / t_wm, 2), gbps_torch=round(gbytes / t_ref, 2))
+        del t
+    del private
+
+    # NCCL (distributed) type vs a plain torch.distributed all_to_all gather
+    store = None
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, size, True, wait_for_workers=False)
+    port = mpi.bcast(store.port if store is not None else None, root=0)
+    if store is None:
+        store = dist.TCPStore("127.0.0.1", port, size, False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=datetime.timedelta(seconds=300))
+    nt = wg.create_wm_tensor(comm, [ROWS, COLS], [], torch.float32, wg.WmTensorType.NCCL)
+    local, first = wg.get_local_tensor(nt)
+    local.fill_(1.0 + rank)
+    rpr = wg.get_partition_plan(nt)
+    t_a2a, t_nccl = bench_pair(lambda: a2a_gather(local, idx, rpr, size), lambda: wg.gather(nt, idx, out=out), mpi)
+    check = wg.gather(nt, idx)
+    assert torch.equal(check[:, 0], (torch.div(idx, rpr, rounding_mode="floor") + 1).float())
+    assert torch.equal(a2a_gather(local, idx, rpr, size), check)
+    results["NCCL (DISTRIBUTED)"] = gbytes / t_nccl
+    results["torch all_to_all gather"] = gbytes / t_a2a
+    ratio = t_a2a / t_nccl
+    emit(rank, "gather 200k x 128 f32 from 1M rows, 2 ranks: NCCL type / torch.distributed all_to_all gather",
+         ratio, ">= 1", ratio >= 1.0, gbps_wholemem=round(gbytes / t_nccl, 2), gbps_torch=round(gbytes / t_a2a, 2))
+    del nt, local
+    dist.destroy_process_group()
+
+    # PSS of two ranks sharing one HOST table
+    before = pss_kib()
+    h = wg.create_wm_tensor(comm, [PSS_ROWS, COLS], [], torch.float32, wg.WmTensorType.HOST)
+    wg.get_local_tensor(h)[0].fill_(1.0)
+    comm.barrier()
+    assert float(h[:, 0].sum()) == PSS_ROWS  # every rank touches every page
+    comm.barrier()
+    grown = (pss_kib() - before) * 1024
+    total = sum(mpi.allgather(grown))
+    table = PSS_ROWS * COLS * 4
+    ratio = total / table
+    emit(rank, "PSS of 2 ranks sharing a 1 GiB HOST table / table size (private copies: 2.0)", ratio, "<= 1.1",
+         ratio <= 1.1, pss_total_mib=round(total / 2**20), table_mib=table // 2**20)
+
+    if rank == 0:
+        out_dir = os.environ.get("DISTKIT_BENCH_OUT", ".")
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+
+            fig, ax = plt.subplots(figsize=(7, 3.5))
+            names = list(results)
+            ax.barh(names, [results[n] for n in names], color=["gray", "C0", "gray", "C1", "C2", "gray"])
+            ax.set_xlabel("per-rank gather throughput (GB/s), 2 ranks, 200k x 128 f32 rows")
+            ax.invert_yaxis()
+            fig.tight_layout()
+            fig.savefig(os.path.join(out_dir, "wholemem_gather.png"), dpi=110)
+        except ImportError:
+            pass
+        print("throughput GB/s:", {k: round(v, 2) for k, v in results.items()}, flush=True)
+    comm.destroy()
+    wg.finalize_lib()
+
+
+if __name__ == "__main__":
+    main()
