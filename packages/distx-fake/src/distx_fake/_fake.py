@@ -88,6 +88,19 @@ class FakeTensor(torch.Tensor):
     def __array__(self, *args: Any, **kwargs: Any) -> Any:
         raise FakeDataError(f"{_NO_DATA} [numpy conversion]")
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
+        # a clone through the dispatcher (so deferred_init records it), keeping Parameter-ness
+        if id(self) in memo:
+            return memo[id(self)]  # type: ignore[no-any-return]
+        with torch.no_grad():
+            new = self.clone(memory_format=torch.preserve_format)
+        if getattr(self, "_is_param", False):
+            new = torch.nn.Parameter(new, requires_grad=self.requires_grad)
+        elif self.requires_grad:
+            new.requires_grad_(True)
+        memo[id(self)] = new
+        return new
+
     def untyped_storage(self) -> torch.UntypedStorage:
         return self._elem.untyped_storage()
 

@@ -1,0 +1,229 @@
+"""deferred_init: exact replay (values, RNG stream, ties, buffers, .item()), materialize APIs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from distx_fake import deferred_init as di
+from distx_fake import fake
+
+
+class TinyGPT(nn.Module):
+    """A transformer with the custom inits found in real code (GPT-2 / BERT style)."""
+
+    def __init__(self, vocab: int = 1000, d: int = 128, layers: int = 2, ctx: int = 64) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Parameter(torch.zeros(ctx, d))
+        self.encoder = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(d, 4, dim_feedforward=4 * d, batch_first=True), layers, enable_nested_tensor=False
+        )
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.wte.weight  # tied
+        self.register_buffer("mask", torch.triu(torch.full((ctx, ctx), float("-inf")), diagonal=1))
+        self.register_buffer("scale", torch.tensor(1.0 / math.sqrt(d)), persistent=False)
+        self.apply(self._init)
+        nn.init.trunc_normal_(self.wpe, std=0.02)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("linear2.weight"):
+                    p.data.normal_(0.0, 0.02 / math.sqrt(2 * layers))  # .data + in place
+            self.wte.weight[0].zero_()  # in place on a view (padding row)
+        n = int(self.wte.weight.abs().sum().item() > 0)  # .item() inside __init__
+        self.register_buffer("flag", torch.full((2,), n))
+        self.extra = nn.Parameter(torch.randn(37) * 0.5 + torch.rand(37))  # factories + temporaries
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.xavier_uniform_(m.weight)
+            if m.bias is not None:
+                nn.init.uniform_(m.bias, -0.01, 0.01)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+
+
+def _tensors(m: nn.Module) -> dict[str, torch.Tensor]:
+    out = dict(m.named_parameters(remove_duplicate=False))
+    out.update(m.named_buffers(remove_duplicate=False))
+    return out
+
+
+def _assert_identical(a: nn.Module, b: nn.Module) -> None:
+    ta, tb = _tensors(a), _tensors(b)
+    assert ta.keys() == tb.keys()
+    for k in ta:
+        assert not fake.is_fake(tb[k]), k
+        assert ta[k].dtype == tb[k].dtype and ta[k].shape == tb[k].shape, k
+        assert torch.equal(ta[k], tb[k]), f"{k} differs"
+        assert type(ta[k]) is type(tb[k]) and ta[k].requires_grad == tb[k].requires_grad, k
+
+
+def test_exact_rng_values_and_stream() -> None:
+    torch.manual_seed(1234)
+    eager = TinyGPT()
+    after_eager = torch.randn(5)
+    torch.manual_seed(1234)
+    m = di.deferred_init(TinyGPT)
+    after_deferred = torch.randn(5)
+    # the default generator continues exactly as after eager construction
+    assert torch.equal(after_eager, after_deferred)
+    assert di.is_deferred(m) and di.is_deferred(m.wte.weight)
+    torch.manual_seed(999)  # the generator state at materialization time must not matter
+    torch.rand(1000)
+    di.materialize_module(m)
+    assert not di.is_deferred(m)
+    _assert_identical(eager, m)
+    assert m.head.weight is m.wte.weight
+    assert "scale" not in m.state_dict() and m.flag.tolist() == [1, 1]
+
+
+def test_order_independence_with_check_fn() -> None:
+    torch.manual_seed(7)
+    eager = TinyGPT()
+    torch.manual_seed(7)
+    m = di.deferred_init(TinyGPT)
+    # materialize the feed-forward layers first, then the tensors one by one backwards, then the rest
+    di.materialize_module(m, check_fn=lambda mod: isinstance(mod, nn.Linear))
+    assert di.is_deferred(m) and not di.is_deferred(m.encoder.layers[1].linear2)
+    for layer in reversed(m.encoder.layers):
+        torch.randn(100)  # disturb the generator between steps
+        di.materialize_module(layer)
+    di.materialize_module(m, buffers_only=True)
+    assert di.is_deferred(m.wte.weight) and not fake.is_fake(m.mask)
+    di.materialize_module(m)
+    _assert_identical(eager, m)
+
+
+def test_materialize_tensor_semantics() -> None:
+    torch.manual_seed(3)
+    m = di.deferred_init(TinyGPT)
+    w = m.wte.weight
+    real = di.materialize_tensor(w)
+    assert isinstance(real, nn.Parameter) and real.requires_grad
+    assert di.materialize_tensor(w) is real  # same object every time
+    assert di.materialize_tensor(m.head.weight) is real  # tied weight
+    r = torch.ones(3)
+    assert di.materialize_tensor(r) is r  # a real tensor comes back unchanged
+    buf = di.materialize_tensor(m.mask)
+    assert not isinstance(buf, nn.Parameter) and torch.isinf(buf[0, 1]) and buf[1, 0] == 0
+
+
+def test_item_and_data_dependent_init() -> None:
+    def build() -> nn.Module:
+        lin = nn.Linear(16, 16)
+        k = int((lin.weight > 0).sum().item())  # depends on random values: must be real
+        lin.register_buffer("count", torch.tensor([k]))
+        with torch.no_grad():
+            lin.weight.mul_(1.0 / lin.weight.abs().max().item())
+        return lin
+
+    torch.manual_seed(5)
+    eager = build()
+    torch.manual_seed(5)
+    m = di.deferred_init(build)
+    di.materialize_module(m)
+    _assert_identical(eager, m)
+
+
+def test_random_ops_outside_the_fast_path() -> None:
+    def build() -> nn.Module:
+        mod = nn.Module()
+        mod.a = nn.Parameter(torch.empty(7).normal_())  # n < 16: scalar path
+        mod.b = nn.Parameter(torch.empty(5, 3, dtype=torch.float64).t().uniform_())  # non-contiguous
+        mod.register_buffer("c", torch.randperm(50))
+        mod.register_buffer("d", torch.randint(0, 10, (33,)))
+        mod.register_buffer("e", torch.empty(40).bernoulli_(0.3))
+        mod.register_buffer("f", torch.empty(20).exponential_())
+        g = torch.Generator().manual_seed(42)
+        mod.register_buffer("g", torch.randn(100, generator=g))
+        mod.register_buffer("h", torch.randn(300, dtype=torch.bfloat16))
+        return mod
+
+    torch.manual_seed(0)
+    eager = build()
+    s_eager = torch.get_rng_state()
+    torch.manual_seed(0)
+    m = di.deferred_init(build)
+    assert torch.equal(torch.get_rng_state(), s_eager)
+    di.materialize_module(m)
+    _assert_identical(eager, m)
+
+
+def test_captured_tensor_modified_after_recording_fails_clearly() -> None:
+    table = torch.arange(12.0).reshape(3, 4)
+
+    def build() -> nn.Module:
+        lin = nn.Linear(4, 3)
+        with torch.no_grad():
+            lin.weight.copy_(table)
+        return lin
+
+    m = di.deferred_init(build)
+    table.add_(1)  # changed in place after recording
+    with pytest.raises(di.CapturedTensorModifiedError, match=r"shape \(3, 4\).*test_deferred.py:\d+ in build.*modified in place"):
+        di.materialize_module(m)
+    # unchanged captures are fine
+    table2 = table.clone()
+    m2 = di.deferred_init(lambda: _copy_into(nn.Linear(4, 3), table2))
+    di.materialize_module(m2)
+    assert torch.equal(m2.weight, table2)
+
+
+def _copy_into(lin: nn.Linear, t: torch.Tensor) -> nn.Linear:
+    with torch.no_grad():
+        lin.weight.copy_(t)
+    return lin
+
+
+def test_materialize_onto_device_and_param_init_fn() -> None:
+    torch.manual_seed(2)
+    eager = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    torch.manual_seed(2)
+    m = di.deferred_init(nn.Sequential, nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    # FSDP calls param_init_fn(module) on each wrapped submodule; materialize_module fits it
+    param_init_fn = lambda mod: di.materialize_module(mod, device="cpu")  # noqa: E731
+    for sub in m.children():
+        param_init_fn(sub)
+    _assert_identical(eager, m)
+    # device="meta": no storage, only metadata
+    mm = di.deferred_init(nn.Linear, 1000, 1000)
+    di.materialize_module(mm, device="meta")
+    assert mm.weight.device.type == "meta" and isinstance(mm.weight, nn.Parameter)
+
+
+def test_fake_cuda_module_materializes_on_cpu_with_eager_values() -> None:
+    torch.manual_seed(4)
+    eager = nn.Linear(16, 8)
+    torch.manual_seed(4)
+    m = di.deferred_init(nn.Linear, 16, 8, device="cuda")
+    assert m.weight.device.type == "cuda" and fake.is_fake(m.weight)
+    di.materialize_module(m, device="cpu")
+    # random ops on fake CUDA tensors have no snapshottable generator without a GPU: only the shapes are checked
+    assert m.weight.shape == eager.weight.shape and m.weight.device.type == "cpu"
+
+
+def test_bad_input() -> None:
+    with pytest.raises(TypeError, match="module_fn must be callable"):
+        di.deferred_init(3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tensor or a module"):
+        di.is_deferred("x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="expects a tensor"):
+        di.materialize_tensor([1])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="expects an nn.Module"):
+        di.materialize_module(torch.ones(1))  # type: ignore[arg-type]
+    m = di.deferred_init(nn.Linear, 2, 2)
+    with pytest.raises(TypeError, match="check_fn must be callable"):
+        di.materialize_module(m, check_fn=5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="invalid device"):
+        di.materialize_module(m, device="nonsense")
+    with fake.fake_mode():
+        t = torch.ones(3)
+    with pytest.raises(ValueError, match="not created by deferred_init"):
+        di.materialize_tensor(t)
+    assert not di.is_deferred(t) and not di.is_deferred(torch.ones(1))

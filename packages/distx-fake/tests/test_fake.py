@@ -1,0 +1,118 @@
+"""fake_mode / is_fake / meta_like: torchdistX's behaviours and printing."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from distx_fake import fake
+
+
+def test_printing_matches_torchdistx() -> None:
+    with fake.fake_mode(fake_cuda=True):
+        a = torch.ones([10])
+        b = torch.ones([20], device="cuda")
+        c = torch.zeros(2, 3, dtype=torch.float16, requires_grad=True)
+        lin = torch.nn.Linear(10, 20)
+    assert repr(a) == "tensor(..., size=(10,), fake=True)"
+    assert repr(b) == "tensor(..., size=(20,), device=cuda, fake=True)"
+    assert repr(c) == "tensor(..., size=(2, 3), dtype=torch.float16, requires_grad=True, fake=True)"
+    assert repr(lin.weight) == "Parameter containing:\ntensor(..., size=(20, 10), requires_grad=True, fake=True)"
+    assert isinstance(lin.weight, torch.nn.Parameter)
+
+
+def test_fake_cuda_flag_is_scoped_and_nestable() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    with fake.fake_mode():
+        with pytest.raises(RuntimeError, match="fake_cuda=True"):
+            torch.ones(3, device="cuda")
+        with fake.fake_mode(fake_cuda=True):
+            x = torch.ones(3, device="cuda")
+            y = x * 2 + 1
+            with fake.fake_mode():  # inner block without the flag
+                with pytest.raises(RuntimeError, match="CUDA is not available"):
+                    torch.empty(2, device="cuda")
+            z = torch.zeros(1, device="cuda:1")
+        with pytest.raises(RuntimeError, match="fake_cuda=True"):
+            torch.ones(3, device="cuda")  # undone on exit
+    assert y.device == torch.device("cuda", 0) and fake.is_fake(y)
+    assert z.device == torch.device("cuda", 1)
+    assert repr(z) == "tensor(..., size=(1,), device=cuda:1, fake=True)"
+
+
+def test_no_storage_for_huge_tensors_and_ops() -> None:
+    before = _rss()
+    with fake.fake_mode():
+        big = torch.empty(1 << 40, dtype=torch.float32)  # 4 TiB
+        m = torch.empty(1 << 20, 1 << 20)  # 4 TiB
+        p = m @ m
+        q = torch.nn.functional.gelu(p).sum(dim=0)
+        v = m[::2].t()
+    assert _rss() - before < 50 << 20
+    assert big.numel() == 1 << 40 and p.shape == (1 << 20, 1 << 20) and q.shape == (1 << 20,)
+    assert v.shape == (1 << 20, 1 << 19) and v.stride() == (1, 1 << 21)
+    assert fake.is_fake(big) and fake.is_fake(q)
+    # ops on fake tensors keep working outside the block
+    r = (big[:10] + 1).to(torch.float64)
+    assert fake.is_fake(r) and r.dtype == torch.float64 and r.shape == (10,)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_reading_values_raises_clearly() -> None:
+    with fake.fake_mode():
+        a = torch.ones(4)
+    for read in (lambda: a.sum().item(), a.tolist, a.numpy, lambda: bool(a[0]), lambda: float(a[0])):
+        with pytest.raises(fake.FakeDataError, match="fake tensors have no storage"):
+            read()
+
+
+def test_meta_like_and_is_fake() -> None:
+    with fake.fake_mode():
+        a = torch.empty(4, 6, dtype=torch.bfloat16).t()
+        p = torch.nn.Parameter(torch.empty(3))
+    m = fake.meta_like(a)
+    assert m.device.type == "meta" and m.shape == (6, 4) and m.stride() == (1, 6) and m.dtype == torch.bfloat16
+    assert fake.meta_like(p).requires_grad
+    assert fake.is_fake(a) and not fake.is_fake(torch.ones(1)) and not fake.is_fake(3)
+    with pytest.raises(ValueError, match="expects a fake tensor"):
+        fake.meta_like(torch.ones(2))
+
+
+def test_mixing_real_tensors_and_views() -> None:
+    real = torch.arange(6.0).reshape(2, 3)
+    with fake.fake_mode():
+        f = torch.ones(2, 3)
+        g = f + real
+        f.add_(real)  # in place returns the same object
+        h = f.view(3, 2)
+    assert fake.is_fake(g) and g.shape == (2, 3)
+    assert h.untyped_storage()._cdata == f.untyped_storage()._cdata
+
+
+def test_bad_input() -> None:
+    with pytest.raises(TypeError, match="fake_cuda must be a bool"):
+        with fake.fake_mode(fake_cuda="yes"):  # type: ignore[arg-type]
+            pass
+
+
+def test_does_not_import_dynamo() -> None:
+    # the light fake mode keeps torch._dynamo (and its ~70 MB) out of the process
+    import subprocess
+
+    code = (
+        "import sys, torch\n"
+        "from distx_fake import fake\n"
+        "with fake.fake_mode():\n"
+        "    m = torch.nn.TransformerEncoderLayer(64, 4)\n"
+        "    t = torch.tril(torch.ones(8, 8))\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
