@@ -99,10 +99,17 @@ def main() -> None:
         results[f"index_select (private) vs {ty.name}"] = gbytes / t_ref
         results[ty.name] = gbytes / t_wm
         ratio = t_ref / t_wm
-        emit(rank, f"gather 200k x 128 f32 from 1M rows, 2 ranks: {ty.name} / index_select(out=) private",
-             ratio, f">= {goal}", ratio >= goal, gbps_wholemem=round(gbytes / t_wm, 2), gbps_torch=round(gbytes / t_ref, 2))
+        emit(
+            rank,
+            f"gather 200k x 128 f32 from 1M rows, 2 ranks: {ty.name} / index_select(out=) private",
+            ratio,
+            f">= {goal}",
+            ratio >= goal,
+            gbps_wholemem=round(gbytes / t_wm, 2),
+            gbps_torch=round(gbytes / t_ref, 2),
+        )
         del t
-    del private
+    private = torch.empty(0)
 
     # NCCL (distributed) type vs a plain torch.distributed all_to_all gather
     store = None
@@ -113,7 +120,7 @@ def main() -> None:
         store = dist.TCPStore("127.0.0.1", port, size, False)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=datetime.timedelta(seconds=300))
     nt = wg.create_wm_tensor(comm, [ROWS, COLS], [], torch.float32, wg.WmTensorType.NCCL)
-    local, first = wg.get_local_tensor(nt)
+    local, _ = wg.get_local_tensor(nt)
     local.fill_(1.0 + rank)
     rpr = wg.get_partition_plan(nt)
     t_a2a, t_nccl = bench_pair(lambda: a2a_gather(local, idx, rpr, size), lambda: wg.gather(nt, idx, out=out), mpi)
@@ -123,9 +130,16 @@ def main() -> None:
     results["NCCL (DISTRIBUTED)"] = gbytes / t_nccl
     results["torch all_to_all gather"] = gbytes / t_a2a
     ratio = t_a2a / t_nccl
-    emit(rank, "gather 200k x 128 f32 from 1M rows, 2 ranks: NCCL type / torch.distributed all_to_all gather",
-         ratio, ">= 1", ratio >= 1.0, gbps_wholemem=round(gbytes / t_nccl, 2), gbps_torch=round(gbytes / t_a2a, 2))
-    del nt, local
+    emit(
+        rank,
+        "gather 200k x 128 f32 from 1M rows, 2 ranks: NCCL type / torch.distributed all_to_all gather",
+        ratio,
+        ">= 1",
+        ratio >= 1.0,
+        gbps_wholemem=round(gbytes / t_nccl, 2),
+        gbps_torch=round(gbytes / t_a2a, 2),
+    )
+    nt = local = None
     dist.destroy_process_group()
 
     # PSS of two ranks sharing one HOST table
@@ -139,8 +153,15 @@ def main() -> None:
     total = sum(mpi.allgather(grown))
     table = PSS_ROWS * COLS * 4
     ratio = total / table
-    emit(rank, "PSS of 2 ranks sharing a 1 GiB HOST table / table size (private copies: 2.0)", ratio, "<= 1.1",
-         ratio <= 1.1, pss_total_mib=round(total / 2**20), table_mib=table // 2**20)
+    emit(
+        rank,
+        "PSS of 2 ranks sharing a 1 GiB HOST table / table size (private copies: 2.0)",
+        ratio,
+        "<= 1.1",
+        ratio <= 1.1,
+        pss_total_mib=round(total / 2**20),
+        table_mib=table // 2**20,
+    )
 
     if rank == 0:
         out_dir = os.environ.get("DISTKIT_BENCH_OUT", ".")

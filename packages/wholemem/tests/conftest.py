@@ -8,6 +8,7 @@ import pytest
 
 import wholemem as wg
 
+
 @pytest.fixture
 def comm() -> Iterator[wg.Communicator]:
     """A one-rank communicator in the test process."""

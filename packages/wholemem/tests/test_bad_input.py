@@ -99,7 +99,7 @@ def test_views_and_local(comm: wg.Communicator) -> None:
     local[3] = 5.0  # the local part shares memory
     assert first == 0 and torch.all(h[3] == 5.0)
     # a CHUNKED tensor's local part shares memory with the chunk
-    cl, cf = wg.get_local_tensor(t)
+    cl, _ = wg.get_local_tensor(t)
     cl[2, 1] = 9.0
     assert wg.gather(t, torch.tensor([2]))[0, 1] == 9.0
 

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from distkit_common.testing import init_process_group, run_mpi, run_spawn
 
 SCRIPTS = Path(__file__).parent / "scripts"

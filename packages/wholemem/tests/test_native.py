@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import distkit_common
-
 import wholemem
 from wholemem import _wholemem
 
@@ -14,3 +13,74 @@ def test_native_version_matches_package() -> None:
 
 def test_thread_pool_is_available() -> None:
     assert _wholemem.get_num_threads() >= 1
+
+
+def test_segment_is_owner_only_and_unlinkable() -> None:
+    import os
+    import stat
+
+    import torch
+
+    seg = _wholemem.Segment.create(4096)
+    path = "/dev/shm" + seg.name
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    peer = _wholemem.Segment.open(seg.name, 4096)
+    a = torch.frombuffer(seg, dtype=torch.uint8)
+    b = torch.frombuffer(peer, dtype=torch.uint8)
+    a[7] = 42
+    assert int(b[7]) == 42  # the same memory through two mappings
+    seg.unlink()
+    assert not os.path.exists(path) and not seg.linked
+    del seg, peer
+    b[8] = 1  # the tensor keeps its mapping alive
+
+
+def test_chunk_table_ops() -> None:
+    import pytest
+    import torch
+
+    # 3 chunks of 4 rows (the last one short), rows of 5 with padded row stride 6
+    chunks = [torch.zeros(4 * 6, dtype=torch.float64) for _ in range(3)]
+    table = _wholemem.Table([int(c.data_ptr()) for c in chunks], 4, 10, 5, 6, 1, 3)
+    idx = torch.tensor([9, 0, 4], dtype=torch.int32)
+    vals = torch.arange(15.0, dtype=torch.float64).reshape(3, 5)
+    table.scatter(int(idx.data_ptr()), False, 3, int(vals.data_ptr()))
+    assert torch.equal(chunks[2][6:11], vals[0]) and torch.equal(chunks[1][0:5], vals[2])
+    table.scatter_add(int(idx.data_ptr()), False, 3, int(vals.data_ptr()), 2.0)
+    out = torch.empty(3, 5, dtype=torch.float64)
+    table.gather(int(idx.data_ptr()), False, 3, int(out.data_ptr()))
+    assert torch.equal(out, 3 * vals)
+    bad = torch.tensor([1, 10])
+    with pytest.raises(IndexError, match="index 10 at position 1"):
+        table.gather(int(bad.data_ptr()), True, 2, int(out.data_ptr()))
+    with pytest.raises(ValueError, match="cannot hold"):
+        _wholemem.Table([int(chunks[0].data_ptr())], 4, 10, 5, 6, 1, 3)
+
+
+def test_optimizer_kernel_closed_form() -> None:
+    import torch
+
+    w = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    g = torch.tensor([[0.5, -1.0]])
+    s0 = torch.zeros(2, 2)
+    table = _wholemem.Table([int(w.data_ptr())], 2, 2, 2, 2, 1, 2)
+    idx = torch.tensor([1])
+    # Adagrad: s = g^2, w -= lr * g / (|g| + eps)
+    _wholemem.optim_update(
+        1,
+        table,
+        int(idx.data_ptr()),
+        1,
+        int(g.data_ptr()),
+        int(s0.data_ptr()),
+        0,
+        lr=0.1,
+        weight_decay=0.0,
+        eps=0.0,
+        beta1=0.0,
+        beta2=0.0,
+        alpha=0.0,
+        step_size=0.0,
+    )
+    assert torch.allclose(w, torch.tensor([[1.0, 2.0], [2.9, 4.1]]))
+    assert torch.equal(s0, torch.tensor([[0.0, 0.0], [0.25, 1.0]]))

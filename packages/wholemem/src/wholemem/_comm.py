@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from distkit_common.validate import check_int
 
 from . import _lib

@@ -12,8 +12,8 @@ from torch import nn
 
 from ._comm import Communicator
 from ._io import load_local, store_local
-from ._ops import _as_bytes, _check_target, _indices, gather, get_local_tensor
 from ._layout import local_range, rows_per_rank
+from ._ops import _as_bytes, _check_target, _indices, gather, get_local_tensor
 from ._tensor import WmTensorType, create_wm_tensor
 from ._wholemem import Table, optim_update
 
@@ -151,8 +151,10 @@ class Embedding(nn.Module):
         acc = _acc_dtype(dtype)
         init_state = optimizer.initial_accumulator_value if isinstance(optimizer, Adagrad) else 0.0
         nstates = optimizer.num_states if optimizer is not None else 0
-        self._states = [torch.full((local.shape[0], self.embedding_dim), init_state if i == 0 else 0.0, dtype=acc)
-                        for i in range(nstates)]
+        self._states = [
+            torch.full((local.shape[0], self.embedding_dim), init_state if i == 0 else 0.0, dtype=acc)
+            for i in range(nstates)
+        ]
         self._step = 0
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._anchor = torch.empty(0, requires_grad=True)
@@ -164,7 +166,8 @@ class Embedding(nn.Module):
     def forward(self, indices: Any) -> torch.Tensor:
         """Rows ``indices`` (1-D) of the table, differentiable."""
         idx = _indices(indices, self.num_embeddings)
-        return _Lookup.apply(self._anchor, idx, self)  # type: ignore[no-any-return]
+        out: torch.Tensor = _Lookup.apply(self._anchor, idx, self)
+        return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the gradients recorded since the last :meth:`step`."""
@@ -186,7 +189,11 @@ class Embedding(nn.Module):
 
         n = local.shape[0]
         st = local.stride()
-        return Table([int(local.data_ptr())], max(1, n), n, self.embedding_dim, st[0], st[1], code_of(local.dtype)), local, first
+        return (
+            Table([int(local.data_ptr())], max(1, n), n, self.embedding_dim, st[0], st[1], code_of(local.dtype)),
+            local,
+            first,
+        )
 
     def step(self) -> None:
         """Collective: apply the recorded sparse gradients with the optimizer, in place.
@@ -259,8 +266,18 @@ class Embedding(nn.Module):
         _check_target(self.weight, "Embedding.save")
         local, first = get_local_tensor(self.weight)
         shape = (self.embedding_dim,)
-        store_local(self.comm, self.num_embeddings, shape, self.weight.dtype, local, first, directory, "weight",
-                    num_parts, extra={"step": self._step, "optimizer": repr(self.optimizer)})
+        store_local(
+            self.comm,
+            self.num_embeddings,
+            shape,
+            self.weight.dtype,
+            local,
+            first,
+            directory,
+            "weight",
+            num_parts,
+            extra={"step": self._step, "optimizer": repr(self.optimizer)},
+        )
         for i, st in enumerate(self._states):
             store_local(self.comm, self.num_embeddings, shape, st.dtype, st, first, directory, f"state{i}", num_parts)
 
@@ -283,5 +300,3 @@ class Embedding(nn.Module):
         for i, st in enumerate(self._states):
             load_local(self.comm, self.num_embeddings, shape, st.dtype, st, first, directory, f"state{i}")
         self._step = int(meta["step"]) if meta else 0
-
-

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from distkit_common.dtypes import code_of
 
 #: dtypes a wholemem tensor can hold.
@@ -24,7 +25,7 @@ SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (
 )
 
 
-class Stride(tuple):  # type: ignore[type-arg]
+class Stride(tuple[int, ...]):
     """A tuple of strides that can also be called like ``Tensor.stride(dim=None)``."""
 
     def __call__(self, dim: int | None = None) -> Any:
@@ -167,4 +168,3 @@ def plain_table_args(t: torch.Tensor) -> tuple[int, int, int, int] | None:
             col = st
             break
     return shp[0], math.prod(shp[1:]), strd[0], col
-

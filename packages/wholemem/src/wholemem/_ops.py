@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 import torch
+
 from distkit_common.validate import as_index_tensor, as_tensor
 
 from . import _lib
@@ -130,8 +131,12 @@ def gather(t: WmAny, indices: Any, out: torch.Tensor | None = None) -> torch.Ten
     """
     _check_target(t, "gather")
     if isinstance(t, torch.Tensor) and t.device.type != "cpu":
-        idx = as_index_tensor(indices.cpu() if isinstance(indices, torch.Tensor) else indices, "indices",
-                              upper=t.shape[0], dtypes=("int64", "int32"))
+        idx = as_index_tensor(
+            indices.cpu() if isinstance(indices, torch.Tensor) else indices,
+            "indices",
+            upper=t.shape[0],
+            dtypes=("int64", "int32"),
+        )
         res = t.index_select(0, idx.to(t.device))
         if out is not None:
             out.copy_(res)
@@ -180,8 +185,12 @@ def scatter(t: WmAny, indices: Any, values: Any) -> None:
     """
     _check_target(t, "scatter")
     if isinstance(t, torch.Tensor) and t.device.type != "cpu":
-        idx = as_index_tensor(indices.cpu() if isinstance(indices, torch.Tensor) else indices, "indices",
-                              upper=t.shape[0], dtypes=("int64", "int32"))
+        idx = as_index_tensor(
+            indices.cpu() if isinstance(indices, torch.Tensor) else indices,
+            "indices",
+            upper=t.shape[0],
+            dtypes=("int64", "int32"),
+        )
         v = as_tensor(values, "values")
         if v.dtype != t.dtype:
             raise TypeError(f"values must have dtype {t.dtype} (the tensor's), got {v.dtype}")
@@ -349,7 +358,8 @@ def get_sub_tensor(t: WmAny, starts: Any, ends: Any) -> WmAny:
         view = t[tuple(slice(s, e) for s, e in rng)]
         info = _info(t)
         if info is not None:
-            view._wholemem = dataclasses.replace(info, row_offset=info.row_offset + rng[0][0])
+            sub_info = dataclasses.replace(info, row_offset=info.row_offset + rng[0][0])
+            view._wholemem = sub_info  # type: ignore[attr-defined]
         return view
     if any(r != (0, size) for r, size in zip(rng[2:], t._shape[2:])):
         raise ValueError("get_sub_tensor: only rows and (for 2-D tensors) columns can be restricted")

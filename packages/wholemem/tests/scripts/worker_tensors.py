@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 import torch
 from mpi4py import MPI
 
@@ -29,7 +30,9 @@ def owned_rows(t: object) -> tuple[int, int]:
     return first, first + local.shape[0]
 
 
-def check_tensor(comm: wg.Communicator, ty: wg.WmTensorType, shape: list[int], stride: list[int], dtype: torch.dtype) -> None:
+def check_tensor(
+    comm: wg.Communicator, ty: wg.WmTensorType, shape: list[int], stride: list[int], dtype: torch.dtype
+) -> None:
     rank, size = comm.rank, comm.size
     t = wg.create_wm_tensor(comm, shape, stride, dtype, ty)
     n = shape[0]
@@ -87,7 +90,9 @@ def check_tensor(comm: wg.Communicator, ty: wg.WmTensorType, shape: list[int], s
     elif ty is T.NCCL:
         wg.scatter(t, torch.empty(0, dtype=torch.int64), torch.empty((0, *shape[1:]), dtype=dtype))
     comm.barrier()
-    assert torch.equal(wg.gather(t, torch.tensor([0, n - 1])), torch.cat([special, expected(torch.tensor([n - 1]), ncols, dtype)]))
+    assert torch.equal(
+        wg.gather(t, torch.tensor([0, n - 1])), torch.cat([special, expected(torch.tensor([n - 1]), ncols, dtype)])
+    )
     comm.barrier()
 
 
@@ -134,29 +139,19 @@ def main() -> None:
 
     # mismatched arguments raise on every rank (no hang)
     if size > 1:
-        try:
+        with pytest.raises(ValueError, match="same arguments"):
             wg.create_wm_tensor(comm, [10 + rank, 2], [], torch.float32, T.HOST)
-        except ValueError as e:
-            assert "same arguments" in str(e), e
-        else:
-            raise AssertionError("mismatched shapes were accepted")
         bad_dtype = torch.complex64 if rank == size - 1 else torch.float32
-        try:
-            wg.create_wm_tensor(comm, [10, 2], [], bad_dtype, T.CHUNKED)
-        except TypeError as e:
-            assert rank == size - 1 and "dtype" in str(e), e
-        except RuntimeError as e:
-            assert rank != size - 1 and f"rank {size - 1}" in str(e), e
+        if rank == size - 1:
+            with pytest.raises(TypeError, match="dtype"):
+                wg.create_wm_tensor(comm, [10, 2], [], bad_dtype, T.CHUNKED)
         else:
-            raise AssertionError("a bad dtype on one rank was accepted")
+            with pytest.raises(RuntimeError, match=f"rank {size - 1}"):
+                wg.create_wm_tensor(comm, [10, 2], [], bad_dtype, T.CHUNKED)
     comm.barrier()
     comm.destroy()
-    try:
+    with pytest.raises(RuntimeError, match="destroyed"):
         comm.barrier()
-    except RuntimeError as e:
-        assert "destroyed" in str(e)
-    else:
-        raise AssertionError("barrier on a destroyed communicator")
     wg.finalize_lib()
     if rank == 0:
         print("worker_tensors OK", size)
