@@ -10,14 +10,48 @@ from mpiad import _raw
 
 
 def test_mpi4torch_names_and_constant_values() -> None:
-    names = ["MPI_MAX", "MPI_MIN", "MPI_SUM", "MPI_PROD", "MPI_LAND", "MPI_BAND", "MPI_LOR", "MPI_BOR", "MPI_LXOR",
-             "MPI_BXOR", "MPI_MINLOC", "MPI_MAXLOC"]
+    names = [
+        "MPI_MAX",
+        "MPI_MIN",
+        "MPI_SUM",
+        "MPI_PROD",
+        "MPI_LAND",
+        "MPI_BAND",
+        "MPI_LOR",
+        "MPI_BOR",
+        "MPI_LXOR",
+        "MPI_BXOR",
+        "MPI_MINLOC",
+        "MPI_MAXLOC",
+    ]
     assert [getattr(mpiad, n) for n in names] == list(range(12))  # mpi4torch's numbering
-    for n in ["COMM_WORLD", "comm_from_mpi4py", "JoinDummies", "JoinDummiesHandle", "WaitHandle", "MPI_Communicator",
-              "deactivate_cuda_aware_mpi_support"]:
+    for n in [
+        "COMM_WORLD",
+        "comm_from_mpi4py",
+        "JoinDummies",
+        "JoinDummiesHandle",
+        "WaitHandle",
+        "MPI_Communicator",
+        "deactivate_cuda_aware_mpi_support",
+    ]:
         assert n in mpiad.__all__
-    methods = ["Allreduce", "Bcast_", "Reduce_", "Gather", "Allgather", "Scatter", "Alltoall", "Isend", "Irecv", "Wait",
-               "Send", "Recv", "Reduce_scatter", "Sendrecv", "Barrier"]
+    methods = [
+        "Allreduce",
+        "Bcast_",
+        "Reduce_",
+        "Gather",
+        "Allgather",
+        "Scatter",
+        "Alltoall",
+        "Isend",
+        "Irecv",
+        "Wait",
+        "Send",
+        "Recv",
+        "Reduce_scatter",
+        "Sendrecv",
+        "Barrier",
+    ]
     for m in methods:
         assert callable(getattr(mpiad.COMM_WORLD, m))
     assert mpiad.MPI_Communicator is mpiad.Communicator

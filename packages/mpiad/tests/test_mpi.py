@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from distkit_common.testing import run_mpi
 
 HERE = Path(__file__).parent

@@ -11,7 +11,6 @@ from __future__ import annotations
 import mpi4py.MPI as _MPI  # initialises MPI (MPI_THREAD_MULTIPLE) and loads libmpi first
 
 from . import _library  # noqa: F401  (registers the torch.compile custom ops)
-from . import _mpiad
 from ._comm import Communicator, JoinDummies, JoinDummiesHandle, MPI_Communicator, comm_from_mpi4py
 from ._constants import (
     MPI_BAND,

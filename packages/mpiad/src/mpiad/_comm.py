@@ -22,6 +22,8 @@ from ._p2p import WaitHandle
 Tensor = torch.Tensor
 
 _is_compiling = torch.compiler.is_compiling
+_allreduce = _mpiad.allreduce
+_CODE = _raw._CODE
 
 # (op, dtype) pairs already validated (keeps the fast path cheap)
 _VALID: set[tuple[int, torch.dtype]] = set()
@@ -29,7 +31,7 @@ _VALID: set[tuple[int, torch.dtype]] = set()
 
 def _check_op(op: Any, t: Tensor) -> int:
     if (op, t.dtype) in _VALID:
-        return op  # type: ignore[no-any-return]
+        return op
     op = _raw.check_op(op, t)
     if op not in (MPI_MINLOC, MPI_MAXLOC):
         _VALID.add((op, t.dtype))
@@ -114,21 +116,24 @@ class Communicator:
             Unknown ``op``.
         """
         if (
-            not _is_compiling()
-            and type(tensor) is torch.Tensor
+            type(tensor) is torch.Tensor
+            and not _raw._debug
             and not tensor.requires_grad
+            and tensor.is_cpu
             and (op, tensor.dtype) in _VALID
             and tensor.is_contiguous()
-            and tensor.device.type == "cpu"
-            and not _raw.debug_enabled()
+            and not _is_compiling()
         ):
-            return _raw.allreduce_fast(self._handle, tensor, op)
+            # the latency fast path: no autograd, no staging, no copies
+            out = torch.empty_like(tensor)
+            _allreduce(self._handle, tensor.data_ptr(), out.data_ptr(), tensor.numel(), _CODE[tensor.dtype], op)
+            return out
         t = _raw.check_tensor(tensor)
         op = _check_op(op, t)
         if _is_compiling():
-            return torch.ops.mpiad.allreduce(t, self._handle, op)  # type: ignore[no-any-return]
+            return torch.ops.mpiad.allreduce(t, self._handle, op)
         if _needs_grad(t):
-            return F.Allreduce.apply(t, self._handle, self._rank, self._size, op)  # type: ignore[no-any-return]
+            return F.Allreduce.apply(t, self._handle, self._rank, self._size, op)
         return _raw.allreduce(self._handle, t, op)
 
     def Bcast_(self, tensor: Tensor, root: int) -> Tensor:
@@ -150,12 +155,12 @@ class Communicator:
         t = _raw.check_tensor(tensor)
         root = _raw.check_rank(root, "root", self._size)
         if _is_compiling():
-            return torch.ops.mpiad.bcast(t, self._handle, root)  # type: ignore[no-any-return]
+            return torch.ops.mpiad.bcast(t, self._handle, root)
         if _needs_grad(t):
             out = F.Bcast.apply(t, self._handle, self._rank, root)
             if t.grad_fn is not None:
                 F.NoInplaceReuse.apply(t, "Bcast_")
-            return out  # type: ignore[no-any-return]
+            return out
         _raw.bcast_into(self._handle, t, root)
         return t
 
@@ -179,16 +184,18 @@ class Communicator:
         op = _check_op(op, t)
         root = _raw.check_rank(root, "root", self._size)
         if _is_compiling():
-            return torch.ops.mpiad.reduce(t, self._handle, op, root)  # type: ignore[no-any-return]
+            return torch.ops.mpiad.reduce(t, self._handle, op, root)
         if _needs_grad(t):
             out = F.Reduce.apply(t, self._handle, self._rank, self._size, op, root)
             if t.grad_fn is not None:
                 F.NoInplaceReuse.apply(t, "Reduce_")
-            return out  # type: ignore[no-any-return]
+            return out
         _raw.reduce_into(self._handle, t, op, root, self._rank)
         return t
 
-    def Reduce_scatter(self, tensor: Tensor, op: int = MPI_SUM, scatteraxis: int = 0, numelem: int | None = None) -> Tensor:
+    def Reduce_scatter(
+        self, tensor: Tensor, op: int = MPI_SUM, scatteraxis: int = 0, numelem: int | None = None
+    ) -> Tensor:
         """Combine ``tensor`` elementwise over all ranks; rank r keeps ``numelem`` slices along ``scatteraxis``.
 
         Parameters
@@ -218,9 +225,9 @@ class Communicator:
         if numelem < 0:
             raise ValueError(f"numelem must be >= 0, got {numelem}")
         if _is_compiling():
-            return torch.ops.mpiad.reduce_scatter(t, self._handle, op, axis, numelem)  # type: ignore[no-any-return]
+            return torch.ops.mpiad.reduce_scatter(t, self._handle, op, axis, numelem)
         if _needs_grad(t):
-            return F.ReduceScatter.apply(t, self._handle, op, axis, numelem)  # type: ignore[no-any-return]
+            return F.ReduceScatter.apply(t, self._handle, op, axis, numelem)
         return _raw.reduce_scatter(self._handle, t, op, axis, numelem)
 
     # ------------------------------------------------------- gather / scatter
@@ -239,9 +246,9 @@ class Communicator:
         axis = _raw.check_axis(gatheraxis, "gatheraxis", t.dim())
         root = _raw.check_rank(root, "root", self._size)
         if _is_compiling():
-            return torch.ops.mpiad.gather(t, self._handle, axis, root)  # type: ignore[no-any-return]
+            return torch.ops.mpiad.gather(t, self._handle, axis, root)
         if _needs_grad(t):
-            return F.Gather.apply(t, self._handle, self._rank, self._size, axis, root)  # type: ignore[no-any-return]
+            return F.Gather.apply(t, self._handle, self._rank, self._size, axis, root)
         return _raw.gather(self._handle, t, axis, root, self._rank, self._size)
 
     def Allgather(self, tensor: Tensor, gatheraxis: int) -> Tensor:
@@ -255,9 +262,9 @@ class Communicator:
         t = _raw.check_tensor(tensor)
         axis = _raw.check_axis(gatheraxis, "gatheraxis", t.dim())
         if _is_compiling():
-            return torch.ops.mpiad.allgather(t, self._handle, axis)  # type: ignore[no-any-return]
+            return torch.ops.mpiad.allgather(t, self._handle, axis)
         if _needs_grad(t):
-            return F.Allgather.apply(t, self._handle, axis)  # type: ignore[no-any-return]
+            return F.Allgather.apply(t, self._handle, axis)
         return _raw.allgather(self._handle, t, axis)
 
     def Scatter(self, tensor: Tensor, scatteraxis: int, numelem: int, root: int) -> Tensor:
@@ -280,9 +287,9 @@ class Communicator:
             raise ValueError(f"numelem must be >= 0, got {numelem}")
         root = _raw.check_rank(root, "root", self._size)
         if _is_compiling():
-            return torch.ops.mpiad.scatter(t, self._handle, axis, numelem, root)  # type: ignore[no-any-return]
+            return torch.ops.mpiad.scatter(t, self._handle, axis, numelem, root)
         if _needs_grad(t):
-            return F.Scatter.apply(t, self._handle, self._rank, axis, numelem, root)  # type: ignore[no-any-return]
+            return F.Scatter.apply(t, self._handle, self._rank, axis, numelem, root)
         return _raw.scatter(self._handle, t, axis, numelem, root, self._rank)
 
     def Alltoall(self, tensor: Tensor, gatheraxis: int, scatteraxis: int, numelem: int) -> Tensor:
@@ -304,9 +311,9 @@ class Communicator:
         if numelem < 0:
             raise ValueError(f"numelem must be >= 0, got {numelem}")
         if _is_compiling():
-            return torch.ops.mpiad.alltoall(t, self._handle, gaxis, saxis, numelem)  # type: ignore[no-any-return]
+            return torch.ops.mpiad.alltoall(t, self._handle, gaxis, saxis, numelem)
         if _needs_grad(t):
-            return F.Alltoall.apply(t, self._handle, gaxis, saxis, numelem)  # type: ignore[no-any-return]
+            return F.Alltoall.apply(t, self._handle, gaxis, saxis, numelem)
         return _raw.alltoall(self._handle, t, gaxis, saxis, numelem)
 
     # ------------------------------------------------------- point to point
@@ -410,7 +417,7 @@ class Communicator:
         sendtag = _raw.check_tag(sendtag, "sendtag")
         recvtag = sendtag if recvtag is None else _raw.check_tag(recvtag, "recvtag")
         if _needs_grad(t) or _needs_grad(like):
-            return F.Sendrecv.apply(t, like, self._handle, dest, sendtag, source, recvtag)  # type: ignore[no-any-return]
+            return F.Sendrecv.apply(t, like, self._handle, dest, sendtag, source, recvtag)
         return _raw.sendrecv(self._handle, t, dest, sendtag, like, source, recvtag)
 
     def Barrier(self) -> None:
@@ -457,9 +464,9 @@ def JoinDummies(loopthrough: Tensor, dummies: list[Tensor]) -> Tensor:
                 f"JoinDummies: dummies[{i}] must be a torch.Tensor, got {type(d).__name__} (pass handle.dummy for handles)"
             )
     if _is_compiling():
-        return torch.ops.mpiad.join_dummies(loopthrough, ds)  # type: ignore[no-any-return]
+        return torch.ops.mpiad.join_dummies(loopthrough, ds)
     if torch.is_grad_enabled() and any(d.requires_grad for d in ds):
-        return F.JoinDummies.apply(loopthrough, *ds)  # type: ignore[no-any-return]
+        return F.JoinDummies.apply(loopthrough, *ds)
     return loopthrough
 
 

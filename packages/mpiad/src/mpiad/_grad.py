@@ -25,7 +25,9 @@ class Backend(Protocol):
 def _owner_mask(be: Backend, x: Tensor, y: Tensor, rank: int, size: int, pairs: bool) -> Tensor:
     """1 where this rank holds the extremum ``y`` (lowest rank on ties), else 0."""
     hit = (x[..., 0] == y[..., 0]) & (x[..., 1] == y[..., 1]) if pairs else x == y
-    cand = torch.where(hit, torch.full_like(hit, rank, dtype=torch.int32), torch.full_like(hit, size, dtype=torch.int32))
+    cand = torch.where(
+        hit, torch.full_like(hit, rank, dtype=torch.int32), torch.full_like(hit, size, dtype=torch.int32)
+    )
     owner = be.allreduce(cand, MPI_MIN)
     return owner == rank
 
@@ -49,7 +51,9 @@ def _check_diff(op: int, name: str) -> None:
         raise RuntimeError(f"{name} with {OP_NAMES.get(op, op)} has no derivative (it is not differentiable)")
 
 
-def allreduce_backward(be: Backend, g: Tensor, x: Tensor | None, y: Tensor | None, op: int, rank: int, size: int) -> Tensor:
+def allreduce_backward(
+    be: Backend, g: Tensor, x: Tensor | None, y: Tensor | None, op: int, rank: int, size: int
+) -> Tensor:
     """d/dx_r of y = op_r x_r, given every rank's upstream gradient ``g``."""
     _check_diff(op, "Allreduce")
     gs = be.allreduce(g, MPI_SUM)
@@ -67,7 +71,9 @@ def allreduce_backward(be: Backend, g: Tensor, x: Tensor | None, y: Tensor | Non
     return gs * (d.conj() if d.is_complex() else d)
 
 
-def reduce_backward(be: Backend, g: Tensor, x: Tensor | None, y: Tensor | None, op: int, root: int, rank: int, size: int) -> Tensor:
+def reduce_backward(
+    be: Backend, g: Tensor, x: Tensor | None, y: Tensor | None, op: int, root: int, rank: int, size: int
+) -> Tensor:
     """Backward of Reduce_ to ``root``: only root's upstream gradient counts."""
     _check_diff(op, "Reduce_")
     gr = be.bcast(g.contiguous(), root)

@@ -46,13 +46,13 @@ class _Ops:
         self.comm = comm
 
     def allreduce(self, t: Tensor, op: int) -> Tensor:
-        return torch.ops.mpiad.allreduce(t, self.comm, op)  # type: ignore[no-any-return]
+        return torch.ops.mpiad.allreduce(t, self.comm, op)
 
     def bcast(self, t: Tensor, root: int) -> Tensor:
-        return torch.ops.mpiad.bcast(t, self.comm, root)  # type: ignore[no-any-return]
+        return torch.ops.mpiad.bcast(t, self.comm, root)
 
     def reduce(self, t: Tensor, op: int, root: int) -> Tensor:
-        return torch.ops.mpiad.reduce(t, self.comm, op, root)  # type: ignore[no-any-return]
+        return torch.ops.mpiad.reduce(t, self.comm, op, root)
 
 
 # ------------------------------------------------------------------ allreduce
@@ -308,4 +308,4 @@ join_dummies.register_autograd(_join_bwd, setup_context=_join_setup)
 
 
 def _join(x: Tensor, dummies: list[Tensor]) -> Tensor:
-    return torch.ops.mpiad.join_dummies(x, dummies)  # type: ignore[no-any-return]
+    return torch.ops.mpiad.join_dummies(x, dummies)

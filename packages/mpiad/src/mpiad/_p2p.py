@@ -22,7 +22,7 @@ Tensor = torch.Tensor
 class _Link:
     """State shared by the nodes of one non-blocking operation."""
 
-    __slots__ = ("kind", "comm", "peer", "tag", "req", "buf", "src", "waited", "bwd_req", "bwd_buf", "tracked")
+    __slots__ = ("buf", "bwd_buf", "bwd_req", "comm", "kind", "peer", "req", "src", "tag", "tracked", "waited")
 
     def __init__(self, kind: str, comm: int, peer: int, tag: int, src: Tensor) -> None:
         self.kind = kind
@@ -140,10 +140,8 @@ def isend(comm: int, t: Tensor, dest: int, tag: int) -> WaitHandle:
 
 def irecv(comm: int, t: Tensor, source: int, tag: int) -> WaitHandle:
     link = _Link("recv", comm, source, tag, t)
-    if t.device.type == "cpu" and t.is_contiguous():
-        buf = t.detach()  # receive straight into the given tensor, as mpi4torch does
-    else:
-        buf = _raw.mpi_empty(t.shape, t)
+    # receive straight into the given tensor when possible, as mpi4torch does
+    buf = t.detach() if t.device.type == "cpu" and t.is_contiguous() else _raw.mpi_empty(t.shape, t)
     link.buf = buf
     link.req = _mpiad.irecv(comm, buf.data_ptr(), buf.numel(), _raw.dtype_code(buf), source, tag, buf)
     if torch.is_grad_enabled() and t.requires_grad:
@@ -168,7 +166,7 @@ def wait(handle: WaitHandle) -> Tensor:
             torch.autograd.graph.increment_version(link.src)  # received in place
     link.req = None
     if torch.is_grad_enabled() and handle._dummy.requires_grad:
-        return _Wait.apply(handle._dummy, link, result)  # type: ignore[no-any-return]
+        return _Wait.apply(handle._dummy, link, result)
     return result.detach() if result.requires_grad else result
 
 

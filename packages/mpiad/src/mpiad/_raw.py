@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+
 from distkit_common.dtypes import CODES
 
 from . import _mpiad
@@ -37,23 +38,26 @@ _OPNAMES = {
     OP_REDUCE_SCATTER: "Reduce_scatter",
 }
 
-_debug_override: bool | None = None
 
-
-def debug_enabled() -> bool:
-    """Whether debug mode (``MPIAD_DEBUG=1`` or :func:`mpiad.set_debug`) is on."""
-    if _debug_override is not None:
-        return _debug_override
+def _env_debug() -> bool:
     return os.environ.get("MPIAD_DEBUG", "0") not in ("", "0", "false", "False")
 
 
+_debug: bool = _env_debug()
+
+
+def debug_enabled() -> bool:
+    """Whether debug mode is on (``MPIAD_DEBUG=1`` at import, or :func:`mpiad.set_debug`)."""
+    return _debug
+
+
 def set_debug(flag: bool | None) -> None:
-    """Switch debug mode on/off for this process (``None``: follow ``MPIAD_DEBUG``).
+    """Switch debug mode on/off for this process (``None``: back to ``MPIAD_DEBUG``).
 
     Every rank must use the same setting (debug mode adds a collective).
     """
-    global _debug_override
-    _debug_override = flag
+    global _debug
+    _debug = _env_debug() if flag is None else bool(flag)
 
 
 # ---------------------------------------------------------------------------- checks
@@ -242,13 +246,11 @@ def check_signatures(sigs: list[list[int]], *, free_axis: int | None = None, sha
             )
         if bad:
             lines = "\n".join(f"  rank {i}: {_describe(x)}" for i, x in enumerate(sigs))
-            raise RuntimeError(
-                f"mpiad: ranks called mismatching collectives (rank {r} differs from rank 0):\n{lines}"
-            )
+            raise RuntimeError(f"mpiad: ranks called mismatching collectives (rank {r} differs from rank 0):\n{lines}")
 
 
 def debug_check(comm: int, opid: int, t: Tensor | None, a: int = 0, b: int = 0, c: int = 0, **kw: Any) -> None:
-    if debug_enabled():
+    if _debug:
         check_signatures(exchange(comm, _signature(opid, t, a, b, c)), **kw)
 
 
@@ -366,7 +368,7 @@ def scatter(comm: int, t: Tensor, axis: int, numelem: int, root: int, rank: int)
 
     On non-root ranks ``t`` only supplies the dtype (and device).
     """
-    sigs = exchange(comm, _signature(OP_SCATTER, t, axis, root, 0) + [numelem])
+    sigs = exchange(comm, [*_signature(OP_SCATTER, t, axis, root, 0), numelem])
     check_signatures([x[:-1] for x in sigs], shapes=False)  # op, dtype, axis, root agree
     rsig = sigs[root]
     ndim = rsig[2]
@@ -399,7 +401,7 @@ def alltoall(comm: int, t: Tensor, gaxis: int, saxis: int, numelem: int) -> Tens
     """Redistribute: slices along ``saxis`` go to the ranks (``numelem`` each, per
     receiver), received blocks are concatenated along ``gaxis``. One MPI_Alltoallv."""
     sigs = exchange(comm, _signature(OP_ALLTOALL, t, gaxis, saxis, numelem))
-    check_signatures([s[:-1] + [0] for s in sigs], free_axis=gaxis)
+    check_signatures([[*s[:-1], 0] for s in sigs], free_axis=gaxis)
     size, me = len(sigs), None
     numelems = [s[-1] for s in sigs]
     gsizes = [s[3 + gaxis] for s in sigs]
@@ -458,7 +460,7 @@ def alltoall(comm: int, t: Tensor, gaxis: int, saxis: int, numelem: int) -> Tens
 
 def reduce_scatter(comm: int, t: Tensor, op: int, axis: int, numelem: int) -> Tensor:
     """Reduce every rank's ``t`` elementwise; rank r keeps its ``numelem`` slices along ``axis``."""
-    sigs = exchange(comm, _signature(OP_REDUCE_SCATTER, t, op, axis, 0) + [numelem])
+    sigs = exchange(comm, [*_signature(OP_REDUCE_SCATTER, t, op, axis, 0), numelem])
     check_signatures([s[:-1] for s in sigs])
     numelems = [s[-1] for s in sigs]
     if any(n < 0 for n in numelems) or sum(numelems) != t.shape[axis]:
@@ -479,6 +481,7 @@ def sendrecv(comm: int, t: Tensor, dest: int, sendtag: int, like: Tensor, source
         raise TypeError(f"Sendrecv: send dtype {t.dtype} differs from receive dtype {like.dtype}")
     x = to_mpi(t)
     out = mpi_empty(like.shape, like)
-    _mpiad.sendrecv(comm, x.data_ptr(), x.numel(), dest, sendtag, out.data_ptr(), out.numel(), source, recvtag,
-                    _CODE[x.dtype])
+    _mpiad.sendrecv(
+        comm, x.data_ptr(), x.numel(), dest, sendtag, out.data_ptr(), out.numel(), source, recvtag, _CODE[x.dtype]
+    )
     return from_mpi(out, like)

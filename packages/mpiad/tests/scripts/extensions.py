@@ -129,7 +129,12 @@ for dt in (torch.float32, torch.float64, torch.int32, torch.int64, torch.float16
     pairs = torch.stack([vals, torch.full((4,), rank, dtype=torch.float64)], -1).to(dt)
     mx = comm.Allreduce(pairs, S.MPI_MAXLOC).double()
     mn = comm.Allreduce(pairs, S.MPI_MINLOC).double()
-    assert mx[:, 0].tolist() == [size - 1, 0, 5, min(1, size - 1)] and mx[:, 1].tolist() == [size - 1, 0, 0, min(1, size - 1)], mx
+    assert mx[:, 0].tolist() == [size - 1, 0, 5, min(1, size - 1)] and mx[:, 1].tolist() == [
+        size - 1,
+        0,
+        0,
+        min(1, size - 1),
+    ], mx
     assert mn[:, 0].tolist() == [0, -(size - 1), 5, 0] and mn[:, 1].tolist() == [0, size - 1, 0, 0], mn
 
 # Reduce_scatter, default equal split
@@ -208,7 +213,11 @@ raises(ValueError, lambda: comm.Scatter(torch.ones(size + 1), 0, 1, 0), "numelem
 raises(ValueError, lambda: comm.Alltoall(torch.ones(2, size + 1), 0, 1, 1), "numelem", "sum to")
 raises(ValueError, lambda: comm.Reduce_scatter(torch.ones(size), S.MPI_SUM, 0, 2 if rank == 0 else 1), "sum to")
 raises(RuntimeError, lambda: comm.Gather(torch.ones(2, 2 + rank), 0, 0), "mismatching")
-raises(RuntimeError, lambda: comm.Allgather(torch.ones(2, dtype=torch.float32 if rank else torch.float64), 0), "mismatching")
+raises(
+    RuntimeError,
+    lambda: comm.Allgather(torch.ones(2, dtype=torch.float32 if rank else torch.float64), 0),
+    "mismatching",
+)
 h = comm.Isend(t, rank, 0)
 r = comm.Irecv(torch.empty(3), rank, 0)
 comm.Wait(h)
@@ -216,7 +225,11 @@ comm.Wait(r)
 raises(RuntimeError, lambda: comm.Wait(h), "already waited")
 # a non-differentiable op in backward
 xi = torch.ones(3, dtype=torch.float64, requires_grad=True)
-raises(RuntimeError, lambda: comm.Reduce_scatter(xi * 1, S.MPI_MAX, 0, 3 if rank == 0 else 0).sum().backward(), "MPI_SUM only")
+raises(
+    RuntimeError,
+    lambda: comm.Reduce_scatter(xi * 1, S.MPI_MAX, 0, 3 if rank == 0 else 0).sum().backward(),
+    "MPI_SUM only",
+)
 W.Barrier()
 
 # --------------------------------------------------------------- debug mode
@@ -228,7 +241,11 @@ x = torch.ones(3)
 if size > 1:
     call = (lambda: comm.Allreduce(x, S.MPI_SUM)) if rank == 0 else (lambda: comm.Bcast_(x, 0))
     raises(RuntimeError, call, "mismatching", "Allreduce", "Bcast_")
-    call = (lambda: comm.Reduce_(x.clone(), S.MPI_SUM, 0)) if rank == 0 else (lambda: comm.Reduce_(x.clone(), S.MPI_MAX, 0))
+    call = (
+        (lambda: comm.Reduce_(x.clone(), S.MPI_SUM, 0))
+        if rank == 0
+        else (lambda: comm.Reduce_(x.clone(), S.MPI_MAX, 0))
+    )
     raises(RuntimeError, call, "mismatching", "Reduce_")
     xd = torch.ones(3, dtype=torch.float64 if rank == 0 else torch.float32)
     raises(RuntimeError, lambda: comm.Bcast_(xd, 0), "float64", "float32")

@@ -1,3 +1,4 @@
+# ruff: noqa: B023
 """Values and gradients of every differentiable op against a single-process reference,
 with rank-dependent upstream gradients; then torch.autograd.gradcheck in float64."""
 
@@ -51,9 +52,18 @@ def rand(*shape: int) -> torch.Tensor:
 
 # ---------------------------------------------------------------- references
 S = mpiad
-for op, red in ((S.MPI_SUM, lambda t: t.sum(0)), (S.MPI_PROD, lambda t: t.prod(0)),
-                (S.MPI_MAX, lambda t: t.max(0).values), (S.MPI_MIN, lambda t: t.min(0).values)):
-    check(f"Allreduce{op}", rand(3, 4), lambda x, op=op: comm.Allreduce(x, op), lambda xs, r, red=red: red(torch.stack(xs)))
+for op, red in (
+    (S.MPI_SUM, lambda t: t.sum(0)),
+    (S.MPI_PROD, lambda t: t.prod(0)),
+    (S.MPI_MAX, lambda t: t.max(0).values),
+    (S.MPI_MIN, lambda t: t.min(0).values),
+):
+    check(
+        f"Allreduce{op}",
+        rand(3, 4),
+        lambda x, op=op: comm.Allreduce(x, op),
+        lambda xs, r, red=red: red(torch.stack(xs)),
+    )
     for root in {0, size - 1}:
         check(
             f"Reduce_{op}@{root}",
@@ -124,16 +134,21 @@ check(
     "Allreduce MAXLOC",
     pair,
     lambda x: comm.Allreduce(x, mpiad.MPI_MAXLOC),
-    lambda xs, r: torch.stack(
-        [torch.stack(xs)[..., 0].max(0).values, torch.stack(xs)[..., 0].max(0).indices.to(D)], -1
-    ) + 0 * sum(xi.sum() for xi in xs),
+    lambda xs, r: (
+        torch.stack([torch.stack(xs)[..., 0].max(0).values, torch.stack(xs)[..., 0].max(0).indices.to(D)], -1)
+        + 0 * sum(xi.sum() for xi in xs)
+    ),
 )
 
 # ------------------------------------------------ ties, zeros (closed form)
 x = torch.ones(3, dtype=D, requires_grad=True)  # every rank holds the max: lowest rank gets it
 comm.Allreduce(x, mpiad.MPI_MAX).sum().backward()
 assert torch.equal(x.grad, torch.full((3,), float(size) if rank == 0 else 0.0, dtype=D)), x.grad
-x = torch.tensor([0.0, 2.0, 0.0], dtype=D, requires_grad=True) if rank == 0 else torch.tensor([3.0, 2.0, 5.0], dtype=D, requires_grad=True)
+x = (
+    torch.tensor([0.0, 2.0, 0.0], dtype=D, requires_grad=True)
+    if rank == 0
+    else torch.tensor([3.0, 2.0, 5.0], dtype=D, requires_grad=True)
+)
 comm.Allreduce(x, mpiad.MPI_PROD).sum().backward()
 others = 3.0 ** (size - 1), 2.0 ** (size - 1), 5.0 ** (size - 1)
 if rank == 0:
@@ -178,7 +193,9 @@ gradcheck("Isend/Recv/Wait", rand(4), send_recv_ring)
 gradcheck("Sendrecv", rand(3), lambda x: comm.Sendrecv(x, (rank + 1) % size, 1, None, (rank - 1) % size, 1))
 gradcheck("Allreduce MAXLOC", pair, lambda x: comm.Allreduce(x, mpiad.MPI_MAXLOC)[..., 0])
 gradcheck("complex SUM", torch.randn(3, dtype=torch.complex128, generator=gen), lambda x: comm.Allreduce(x, S.MPI_SUM))
-gradcheck("complex PROD", torch.randn(3, dtype=torch.complex128, generator=gen), lambda x: comm.Allreduce(x, S.MPI_PROD))
+gradcheck(
+    "complex PROD", torch.randn(3, dtype=torch.complex128, generator=gen), lambda x: comm.Allreduce(x, S.MPI_PROD)
+)
 
 W.Barrier()
 if rank == 0:

@@ -1,3 +1,4 @@
+# ruff: noqa: PT017, SIM108  (plain asserts: this runs under mpiexec, not pytest)
 """mpi4torch's own test-suite, ported (exact expected values), run on every rank."""
 
 from __future__ import annotations
@@ -147,7 +148,10 @@ def alltoall() -> None:
     y = comm.Alltoall(x, 0, 1, rank + 1)
     off = rank * (rank + 1) // 2
     want = torch.cat(
-        [torch.arange((r + 2) * total, dtype=D).reshape(r + 2, total)[:, off : off + rank + 1] + 1000 * r for r in range(size)]
+        [
+            torch.arange((r + 2) * total, dtype=D).reshape(r + 2, total)[:, off : off + rank + 1] + 1000 * r
+            for r in range(size)
+        ]
     )
     assert torch.equal(y, want), (y, want)
     back = comm.Alltoall(y, 1, 0, rank + 2)
@@ -231,7 +235,19 @@ def seed_example() -> None:
     assert torch.allclose(sendbuffer.grad, torch.full((4,), 2.0 * (rank + 1) * (other + 1), dtype=D))
 
 
-for fn in (allreduce, reduce_, bcast_, gather, allgather, scatter, alltoall, joindummies, interop, nonblocking, seed_example):
+for fn in (
+    allreduce,
+    reduce_,
+    bcast_,
+    gather,
+    allgather,
+    scatter,
+    alltoall,
+    joindummies,
+    interop,
+    nonblocking,
+    seed_example,
+):
     fn()
     MPI.COMM_WORLD.Barrier()
 if rank == 0:
