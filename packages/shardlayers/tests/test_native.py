@@ -158,3 +158,27 @@ def test_rng_tracker() -> None:
         tr.add("b", 7)
     with pytest.raises(KeyError), tr.fork("missing"):
         pass
+
+
+def test_init_helper_and_constructor_bad_input() -> None:
+    t = torch.empty(3, 4)
+    torch.manual_seed(3)
+    ts.nn.init.shard_init_helper_(torch.nn.init.uniform_, t, a=-1.0, b=1.0)
+    torch.manual_seed(3)
+    torch.testing.assert_close(t, torch.nn.init.uniform_(torch.empty(3, 4), a=-1.0, b=1.0), rtol=0, atol=0)
+    with pytest.raises(TypeError, match="callable"):
+        ts.nn.init.shard_init_helper_(None, t)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tensor"):
+        ts.nn.init.shard_init_helper_(torch.nn.init.zeros_, [1])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="in_features"):
+        ts.nn.ParallelLinear(0, 3)
+    with pytest.raises(TypeError, match="out_features"):
+        ts.nn.ParallelLinear(3, 2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="padding_idx"):
+        ts.nn.ParallelEmbedding(4, 3, padding_idx=4)
+    with pytest.raises(TypeError, match="weight"):
+        ts.nn.ParallelCrossEntropyLoss(weight=[1.0, 2.0])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="int64"):
+        ts.nn.ParallelEmbedding(4, 3)(torch.zeros(2))
+    with pytest.raises(TypeError, match="floating"):
+        ts.nn.functional.parallel_cross_entropy(torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))

@@ -315,3 +315,5 @@ def body(rank: int, size: int, store: str) -> None:
     check_cross_entropy(size, rank)
     check_state_dict_and_convert(size, rank)
     check_tags_and_errors(size, rank)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()

@@ -157,3 +157,5 @@ def body(rank: int, size: int, store: str) -> None:
     reload(blob, 4)
     reload(blob, 1)
     ddp_world_ignore(rank, size)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
