@@ -785,13 +785,14 @@ def _copy_overlap(
     else:
         b0, b1 = 0, row * (sizes[0] if sizes else 1)
     buf, start = _read_range(files, name, chunk, b0, b1)
+    sub = buf[b0 - start : b1 - start]
     if len(sizes) == 0:
-        src = buf.view(dtype).reshape(())
+        src = sub.view(dtype).reshape(())
     else:
-        rows0 = cbox[0][0] + (start // row)
-        nrows = buf.numel() // row
-        src = buf[: nrows * row].view(dtype).reshape([nrows, *sizes[1:]])
-        src = src[tuple(slice(lo - (rows0 if d == 0 else cbox[d][0]), hi - (rows0 if d == 0 else cbox[d][0])) for d, (lo, hi) in enumerate(inter))]
+        first = cbox[0][0] + b0 // row  # global index of the first row in `sub`
+        src = sub.view(dtype).reshape([(b1 - b0) // row, *sizes[1:]])
+        base = [first] + [lo for lo, _ in cbox[1:]]
+        src = src[tuple(slice(lo - b, hi - b) for (lo, hi), b in zip(inter, base))]
     dst = dest[tuple(slice(lo - o, hi - o) for (lo, hi), o in zip(inter, off))] if dest.dim() else dest
     with torch.no_grad():
         dst.copy_(src)

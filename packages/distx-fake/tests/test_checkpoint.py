@@ -1,0 +1,244 @@
+"""Checkpoints: round trip, JSON/no pickle, checksums, atomicity under SIGKILL, async, resharding."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from distkit_common.testing import run_spawn
+
+from distx_fake import checkpoint as cp
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE / "workers"))
+import ckpt_workers  # noqa: E402
+
+
+def _sample() -> dict[str, object]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "model": {
+            "w": torch.randn(300, 70, generator=g),
+            "half": torch.randn(33, dtype=torch.float16, generator=g),
+            "bf": torch.randn(5, 7, generator=g).to(torch.bfloat16),
+            "i8": torch.arange(-5, 5, dtype=torch.int8),
+            "b": torch.tensor([True, False, True]),
+            "c": torch.randn(4, dtype=torch.complex64, generator=g),
+            "scalar": torch.tensor(2.5, dtype=torch.float64),
+            "empty": torch.empty(0, 3),
+            "strided": torch.arange(40.0).reshape(5, 8).t(),  # non-contiguous source
+        },
+        "optim": {"state": {0: {"step": 3, "exp_avg": torch.ones(4)}}, "param_groups": [{"lr": 1e-3, "params": [0]}]},
+        "epoch": 4,
+        "tag": "hello",
+        "betas": (0.9, 0.999),
+        "none": None,
+    }
+
+
+def _zeros_like(sd: object) -> object:
+    if isinstance(sd, dict):
+        return {k: _zeros_like(v) for k, v in sd.items()}
+    if isinstance(sd, list):
+        return [_zeros_like(v) for v in sd]
+    if isinstance(sd, torch.Tensor):
+        return torch.zeros_like(sd)
+    return None
+
+
+def _assert_equal(a: object, b: object) -> None:
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys()
+        for k in a:
+            _assert_equal(a[k], b[k])
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_equal(x, y)
+    elif isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    else:
+        assert a == b and type(a) is type(b), (a, b)
+
+
+def test_roundtrip_all_kinds(tmp_path: Path) -> None:
+    sd = _sample()
+    cp.save_state_dict(sd, cp.FileSystemWriter(tmp_path / "ck", piece_bytes=4096))
+    assert sorted(os.listdir(tmp_path)) == ["ck"]  # no temporary directory left behind
+    out = _zeros_like(sd)
+    out["betas"] = out["epoch"] = out["tag"] = None  # type: ignore[index]
+    cp.load_state_dict(out, cp.FileSystemReader(tmp_path / "ck"))  # type: ignore[arg-type]
+    _assert_equal(sd, out)
+    # loading into a non-contiguous destination and a shard of the tensor
+    w = sd["model"]["w"]  # type: ignore[index]
+    dst = torch.zeros(70, 300).t()
+    part = cp.LocalShard(torch.zeros(100, 70), (300, 70), (150, 0))
+    cp.load_state_dict({"model": {"w": dst}}, cp.FileSystemReader(tmp_path / "ck"))
+    cp.load_state_dict({"model": {"w": part}}, cp.FileSystemReader(tmp_path / "ck"))
+    assert torch.equal(dst, w) and torch.equal(part.tensor, w[150:250])
+
+
+def test_metadata_is_json_and_loading_never_unpickles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sd = _sample()
+    cp.save_state_dict(sd, cp.FileSystemWriter(tmp_path / "ck"))
+    meta = json.loads((tmp_path / "ck" / "metadata.json").read_text())
+    assert meta["format"] == "distx-fake-checkpoint" and meta["checksum"] == "crc32c"
+    entry = next(e for e in meta["entries"] if e["path"] == ["model", "w"])
+    assert entry["dtype"] == "float32" and entry["shape"] == [300, 70]
+    data = (tmp_path / "ck" / "rank0.bin").read_bytes()
+    assert b"\x80\x04" not in data[:2] and not data.startswith(b"PK")  # neither pickle nor zip
+
+    def boom(*a: object, **k: object) -> None:
+        raise AssertionError("pickle used while loading")
+
+    for name in ("load", "loads", "Unpickler"):
+        monkeypatch.setattr(pickle, name, boom)
+    monkeypatch.setattr(torch, "load", boom)
+    out = _zeros_like(sd)
+    cp.load_state_dict(out, cp.FileSystemReader(tmp_path / "ck"))  # type: ignore[arg-type]
+    assert torch.equal(out["model"]["w"], sd["model"]["w"])  # type: ignore[index]
+
+
+def test_corruption_is_detected_and_names_the_tensor(tmp_path: Path) -> None:
+    sd = {"a": torch.arange(1000.0), "b": torch.arange(5000, dtype=torch.int64)}
+    cp.save_state_dict(sd, cp.FileSystemWriter(tmp_path / "ck"))
+    meta = json.loads((tmp_path / "ck" / "metadata.json").read_text())
+    b = next(e for e in meta["entries"] if e["path"] == ["b"])
+    off = b["chunks"][0]["pieces"][0][0] + 1234
+    f = tmp_path / "ck" / "rank0.bin"
+    raw = bytearray(f.read_bytes())
+    raw[off] ^= 0x01  # a single flipped bit
+    f.write_bytes(bytes(raw))
+    out = {"a": torch.zeros(1000), "b": torch.zeros(5000, dtype=torch.int64)}
+    with pytest.raises(cp.CheckpointCorruptionError, match="checksum mismatch in tensor 'b'"):
+        cp.load_state_dict(out, cp.FileSystemReader(tmp_path / "ck"))
+    cp.load_state_dict({"a": out["a"]}, cp.FileSystemReader(tmp_path / "ck"))  # the intact tensor still loads
+    assert torch.equal(out["a"], sd["a"])
+    # truncated data file
+    f.write_bytes(bytes(raw[:100]))
+    with pytest.raises(ValueError, match="truncated"):
+        cp.load_state_dict({"b": out["b"]}, cp.FileSystemReader(tmp_path / "ck"))
+    (tmp_path / "ck" / "metadata.json").write_text("{not json")
+    with pytest.raises(cp.CheckpointCorruptionError, match="not valid JSON"):
+        cp.load_state_dict(out, cp.FileSystemReader(tmp_path / "ck"))
+
+
+def test_killed_writer_leaves_previous_checkpoint(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    good = {f"t{i}": torch.full((1000,), float(i)) for i in range(3)}
+    cp.save_state_dict(good, cp.FileSystemWriter(ck))
+    with subprocess.Popen(
+        [sys.executable, str(HERE / "workers" / "kill_writer.py"), str(ck)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as proc:
+        deadline = time.monotonic() + 120
+        killed = False
+        while time.monotonic() < deadline and proc.poll() is None:
+            tmps = [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+            if tmps and (tmps[0] / "rank0.bin").exists() and (tmps[0] / "rank0.bin").stat().st_size > (32 << 20):
+                proc.send_signal(signal.SIGKILL)  # mid-save: data partly written, nothing committed
+                killed = True
+                break
+            time.sleep(0.005)
+        if proc.poll() is None and not killed:
+            proc.kill()
+        output = proc.communicate(timeout=30)[0]
+    assert killed, f"writer finished before it could be killed: {output}"
+    out = {k: torch.zeros(1000) for k in good}
+    cp.load_state_dict(out, cp.FileSystemReader(ck))
+    for k in good:
+        assert torch.equal(out[k], good[k])
+    # the next save replaces the checkpoint atomically
+    cp.save_state_dict({"t0": torch.full((1000,), 9.0)}, cp.FileSystemWriter(ck))
+    back = {"t0": torch.zeros(1000)}
+    cp.load_state_dict(back, cp.FileSystemReader(ck))
+    assert torch.equal(back["t0"], torch.full((1000,), 9.0))
+
+
+def test_async_save_returns_future_and_snapshots(tmp_path: Path) -> None:
+    sd = {"w": torch.arange(100.0), "step": 1}
+    fut = cp.async_save_state_dict(sd, cp.FileSystemWriter(tmp_path / "a"))
+    sd["w"].mul_(-1)  # training continues right away
+    assert fut.result(timeout=60) is None
+    fut2 = cp.async_save_state_dict({"w": sd["w"]}, cp.FileSystemWriter(tmp_path / "b"))
+    fut2.result(timeout=60)
+    out = {"w": torch.zeros(100), "step": 0}
+    cp.load_state_dict(out, cp.FileSystemReader(tmp_path / "a"))
+    assert torch.equal(out["w"], torch.arange(100.0)) and out["step"] == 1
+    bad = cp.async_save_state_dict({"x": object()}, cp.FileSystemWriter(tmp_path / "c"))
+    with pytest.raises(TypeError, match="'x' has type object"):
+        bad.result(timeout=60)
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.spawn
+def test_two_rank_save_loads_on_one_and_three_ranks(tmp_path: Path) -> None:
+    path = str(tmp_path / "ck")
+    run_spawn(ckpt_workers.save_body, 2, args=(path,), timeout=180)
+    run_spawn(ckpt_workers.load_body, 3, args=(path,), timeout=180)
+    # one rank, no process group: plain tensors receive the whole global tensors
+    g = ckpt_workers.global_tensors()
+    for p in (path, path + "-async"):
+        sd = {
+            "model": {
+                "dt": torch.zeros_like(g["dt"]),
+                "dt_rep": torch.zeros_like(g["dt_rep"]),
+                "ls": torch.zeros_like(g["ls"]),
+                "rep": [torch.zeros_like(g["rep_a"]), torch.zeros_like(g["rep_b"]), {"c": torch.zeros_like(g["rep_c"])}],
+            },
+            "step": 0,
+            "name": "",
+        }
+        cp.load_state_dict(sd, cp.FileSystemReader(p))
+        m = sd["model"]
+        assert torch.equal(m["dt"], g["dt"]) and torch.equal(m["ls"], g["ls"])  # type: ignore[index]
+        assert torch.equal(m["dt_rep"], g["dt_rep"]) and torch.equal(m["rep"][2]["c"], g["rep_c"])  # type: ignore[index]
+        assert sd["step"] == 17
+
+
+def test_bad_input(tmp_path: Path) -> None:
+    w = cp.FileSystemWriter(tmp_path / "ck")
+    with pytest.raises(TypeError, match="state_dict must be a dict"):
+        cp.save_state_dict([torch.ones(1)], w)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="FileSystemWriter"):
+        cp.save_state_dict({}, str(tmp_path))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="'m.f' has type builtin_function"):
+        cp.save_state_dict({"m": {"f": len}}, w)
+    with pytest.raises(TypeError, match="keys must be str or int"):
+        cp.save_state_dict({(1, 2): torch.ones(1)}, w)  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="uint16|dtype"):
+        cp.save_state_dict({"u": torch.ones(2, dtype=torch.uint16)}, w)
+    with pytest.raises(ValueError, match="piece_bytes"):
+        cp.FileSystemWriter(tmp_path, piece_bytes=1000)
+    with pytest.raises(TypeError, match="path must be"):
+        cp.FileSystemReader(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="exceeds global size"):
+        cp.LocalShard(torch.ones(3), (4,), (2,))
+    assert not (tmp_path / "ck").exists()
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        cp.load_state_dict({}, cp.FileSystemReader(tmp_path / "nothing"))
+    cp.save_state_dict({"a": torch.ones(2, 3), "v": 1}, w)
+    r = cp.FileSystemReader(tmp_path / "ck")
+    with pytest.raises(KeyError, match="'zz' is not in the checkpoint"):
+        cp.load_state_dict({"zz": torch.ones(1)}, r)
+    with pytest.raises(ValueError, match=r"checkpoint shape \(2, 3\) != state_dict shape \(3, 2\)"):
+        cp.load_state_dict({"a": torch.ones(3, 2)}, r)
+    with pytest.raises(ValueError, match="dtype float32 != state_dict dtype torch.float64"):
+        cp.load_state_dict({"a": torch.ones(2, 3, dtype=torch.float64)}, r)
+    with pytest.raises(ValueError, match="is a value in the checkpoint"):
+        cp.load_state_dict({"v": torch.ones(1)}, r)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "precious.txt").write_text("x")
+    with pytest.raises(OSError, match="not a distx-fake checkpoint"):
+        cp.save_state_dict({"a": torch.ones(1)}, cp.FileSystemWriter(tmp_path / "other"))
+    assert (tmp_path / "other" / "precious.txt").read_text() == "x"
