@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
 
 __all__ = ["FakeDataError", "FakeTensor", "fake_mode", "is_fake", "meta_like"]
 
@@ -123,6 +122,16 @@ def _to_meta(x: Any) -> Any:
     return x
 
 
+def _map(fn: Any, x: Any) -> Any:
+    """A light tree_map over the tuples/lists/dicts found in aten arguments and results."""
+    t = type(x)
+    if t is tuple or t is list:
+        return t(_map(fn, v) for v in x)
+    if t is dict:
+        return {k: _map(fn, v) for k, v in x.items()}
+    return fn(x)
+
+
 def _target_device(args: Any, kwargs: dict[str, Any]) -> torch.device:
     dev = kwargs.get("device")
     if dev is not None:
@@ -166,10 +175,10 @@ def run_fake(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     for a in args:
         if isinstance(a, FakeTensor):
             by_elem[id(a._elem)] = a
-    margs = tree_map(_to_meta, args)
-    mkwargs = tree_map(_to_meta, kwargs)
-    with torch.utils._python_dispatch._disable_current_modes():
-        out = func(*margs, **mkwargs)
+    margs = _map(_to_meta, args)
+    mkwargs = _map(_to_meta, kwargs) if kwargs else kwargs
+    # our own modes are popped while their handler runs, so this reaches the meta kernels
+    out = func(*margs, **mkwargs)
 
     def wrap(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.device.type == "meta":
@@ -177,7 +186,7 @@ def run_fake(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
             return same if same is not None else FakeTensor(x, dev)
         return x
 
-    return tree_map(wrap, out)
+    return _map(wrap, out)
 
 
 _SAME_META = {_aten.tril.default, _aten.triu.default}
