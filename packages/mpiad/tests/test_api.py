@@ -109,3 +109,16 @@ def test_debug_switch() -> None:
         assert torch.equal(mpiad.COMM_WORLD.Allreduce(torch.ones(2), mpiad.MPI_SUM), torch.ones(2))
     finally:
         mpiad.set_debug(None)
+
+
+def test_allreduce_out_parameter() -> None:
+    comm = mpiad.COMM_WORLD
+    x = torch.arange(4.0)
+    out = torch.empty(4)
+    assert comm.Allreduce(x, mpiad.MPI_SUM, out=out) is out
+    assert torch.equal(out, x)
+    assert comm.Allreduce(x, mpiad.MPI_MAX, out=x) is x  # in place
+    with pytest.raises(ValueError, match="out must be"):
+        comm.Allreduce(x, mpiad.MPI_SUM, out=torch.empty(3))
+    with pytest.raises(ValueError, match="out= is only supported"):
+        comm.Allreduce(x.clone().requires_grad_(), mpiad.MPI_SUM, out=out)

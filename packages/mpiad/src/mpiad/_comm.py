@@ -42,6 +42,18 @@ def _needs_grad(t: Tensor) -> bool:
     return t.requires_grad and torch.is_grad_enabled()
 
 
+def _check_out(out: Any, t: Tensor) -> None:
+    if not (
+        isinstance(out, torch.Tensor)
+        and out.is_cpu
+        and out.is_contiguous()
+        and out.dtype == t.dtype
+        and out.shape == t.shape
+        and not out.requires_grad
+    ):
+        raise ValueError("out must be a contiguous CPU tensor of the input's shape and dtype, without grad")
+
+
 _REGISTRY: dict[int, Communicator] = {}
 
 
@@ -92,7 +104,7 @@ class Communicator:
         return self._comm
 
     # ------------------------------------------------------------ reductions
-    def Allreduce(self, tensor: Tensor, op: int = MPI_SUM) -> Tensor:
+    def Allreduce(self, tensor: Tensor, op: int = MPI_SUM, *, out: Tensor | None = None) -> Tensor:
         """Combine ``tensor`` elementwise over all ranks; every rank gets the result.
 
         Parameters
@@ -102,18 +114,22 @@ class Communicator:
         op : int
             One of the ``MPI_*`` constants. Differentiable: SUM, MAX, MIN, PROD,
             MINLOC, MAXLOC (pairs in the last dimension).
+        out : torch.Tensor, optional
+            (mpiad extension, no autograd) a contiguous CPU tensor of the same
+            shape and dtype to write the result into, instead of a new tensor;
+            may be ``tensor`` itself (MPI_IN_PLACE).
 
         Returns
         -------
         torch.Tensor
-            A new tensor with the combined values.
+            A new tensor with the combined values (``out`` when given).
 
         Raises
         ------
         TypeError
             Not a tensor, or ``op`` undefined for its dtype.
         ValueError
-            Unknown ``op``.
+            Unknown ``op``; ``out`` not matching, or used with autograd.
         """
         if (
             type(tensor) is torch.Tensor
@@ -125,11 +141,25 @@ class Communicator:
             and not _is_compiling()
         ):
             # the latency fast path: no autograd, no staging, no copies
-            out = torch.empty_like(tensor)
-            _allreduce(self._handle, tensor.data_ptr(), out.data_ptr(), tensor.numel(), _CODE[tensor.dtype], op)
+            if out is None:
+                out = torch.empty_like(tensor)
+            else:
+                _check_out(out, tensor)
+            n = tensor.numel()
+            algo = _raw.large_algo(self._handle) if n * tensor.element_size() >= _raw.LARGE_BYTES else 0
+            _allreduce(self._handle, tensor.data_ptr(), out.data_ptr(), n, _CODE[tensor.dtype], op, algo)
             return out
         t = _raw.check_tensor(tensor)
         op = _check_op(op, t)
+        if out is not None:
+            if t.requires_grad or not t.is_cpu or not t.is_contiguous() or _is_compiling():
+                raise ValueError("out= is only supported for contiguous CPU tensors that do not require grad")
+            _check_out(out, t)
+            _raw.debug_check(self._handle, _raw.OP_ALLREDUCE, t, op)
+            n = t.numel()
+            algo = _raw.large_algo(self._handle) if n * t.element_size() >= _raw.LARGE_BYTES else 0
+            _allreduce(self._handle, t.data_ptr(), out.data_ptr(), n, _CODE[t.dtype], op, algo)
+            return out
         if _is_compiling():
             return torch.ops.mpiad.allreduce(t, self._handle, op)
         if _needs_grad(t):

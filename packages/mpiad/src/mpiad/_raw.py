@@ -76,7 +76,7 @@ def check_tensor(t: Any, name: str = "tensor") -> Tensor:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__} {t!r:.80}")
     if t.layout != torch.strided:
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
-    if t.device.type not in ("cpu", "cuda", "meta"):
+    if not (t.is_cpu or t.is_cuda or t.is_meta):
         raise ValueError(f"{name} must live on the CPU or a CUDA device, got {t.device}")
     dtype_code(t, name)
     return t
@@ -174,7 +174,7 @@ def to_mpi(t: Tensor) -> Tensor:
     CUDA tensors go to pinned host memory unless the MPI is CUDA-aware; the
     current stream is synchronised first so the data is complete.
     """
-    if t.device.type == "cuda":
+    if t.is_cuda:
         torch.cuda.current_stream(t.device).synchronize()
         if not cuda_aware():
             host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
@@ -185,6 +185,8 @@ def to_mpi(t: Tensor) -> Tensor:
 
 def from_mpi(buf: Tensor, like: Tensor) -> Tensor:
     """Move an MPI result back to ``like``'s device (no-op on the CPU)."""
+    if buf.is_cpu and like.is_cpu:
+        return buf
     if buf.device != like.device:
         return buf.to(like.device, non_blocking=False)
     return buf
@@ -192,13 +194,13 @@ def from_mpi(buf: Tensor, like: Tensor) -> Tensor:
 
 def mpi_empty(shape: Sequence[int], like: Tensor) -> Tensor:
     """An uninitialised receive buffer for ``like``'s dtype where MPI can write."""
-    if like.device.type == "cuda" and not cuda_aware():
+    if like.is_cuda and not cuda_aware():
         return torch.empty(tuple(shape), dtype=like.dtype, pin_memory=True)
     return torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
 
 
 def _sync_device(t: Tensor) -> None:
-    if t.device.type == "cuda":
+    if t.is_cuda:
         torch.cuda.current_stream(t.device).synchronize()
 
 
@@ -255,20 +257,36 @@ def debug_check(comm: int, opid: int, t: Tensor | None, a: int = 0, b: int = 0, 
 
 
 # ------------------------------------------------------------------ collectives
+#: Messages from this many bytes on use :func:`large_algo`.
+LARGE_BYTES = 1 << 18
+_ALGO: dict[int, int] = {}
+
+
+def large_algo(comm: int) -> int:
+    """Allreduce algorithm for large messages on ``comm`` (decided once, collectively).
+
+    ``MPIAD_ALLREDUCE=mpi`` always uses MPI_Allreduce, ``reduce_bcast`` always
+    MPI_Reduce + MPI_Bcast; ``auto`` (default) picks the latter when all ranks
+    share one node (measured 1.5-4x faster than Open MPI's default there).
+    Called inside a large Allreduce, so every rank of ``comm`` takes part.
+    """
+    a = _ALGO.get(comm)
+    if a is None:
+        mode = os.environ.get("MPIAD_ALLREDUCE", "auto")
+        a = 0 if mode == "mpi" else 1 if mode == "reduce_bcast" else int(_mpiad.comm_is_shared(comm))
+        _ALGO[comm] = a
+    return a
+
+
 def allreduce(comm: int, t: Tensor, op: int) -> Tensor:
     """Elementwise reduction over all ranks; a new tensor on every rank."""
     debug_check(comm, OP_ALLREDUCE, t, op)
     x = to_mpi(t)
     out = torch.empty_like(x)
-    _mpiad.allreduce(comm, x.data_ptr(), out.data_ptr(), x.numel(), _CODE[x.dtype], op)
+    n = x.numel()
+    algo = large_algo(comm) if n * x.element_size() >= LARGE_BYTES else 0
+    _mpiad.allreduce(comm, x.data_ptr(), out.data_ptr(), n, _CODE[x.dtype], op, algo)
     return from_mpi(out, t)
-
-
-def allreduce_fast(comm: int, t: Tensor, op: int) -> Tensor:
-    """:func:`allreduce` for a contiguous CPU tensor (the no-autograd fast path)."""
-    out = torch.empty_like(t)
-    _mpiad.allreduce(comm, t.data_ptr(), out.data_ptr(), t.numel(), _CODE[t.dtype], op)
-    return out
 
 
 def bcast_into(comm: int, t: Tensor, root: int) -> None:

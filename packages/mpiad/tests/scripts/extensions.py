@@ -3,6 +3,7 @@ bad input (raised before any communication), debug mode."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +11,7 @@ import mpi4py.MPI as MPI
 import torch
 
 import mpiad
+from mpiad import _raw
 
 comm = mpiad.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -136,6 +138,24 @@ for dt in (torch.float32, torch.float64, torch.int32, torch.int64, torch.float16
         min(1, size - 1),
     ], mx
     assert mn[:, 0].tolist() == [0, -(size - 1), 5, 0] and mn[:, 1].tolist() == [0, size - 1, 0, 0], mn
+
+# large messages: both Allreduce algorithms (MPI_Allreduce; Reduce + Bcast on one node)
+for mode in ("mpi", "reduce_bcast", "auto"):
+    os.environ["MPIAD_ALLREDUCE"] = mode
+    _raw._ALGO.clear()
+    big = torch.arange(1 << 17, dtype=torch.float32) * (rank + 1)  # 512 KiB
+    want = torch.arange(1 << 17, dtype=torch.float32) * (size * (size + 1) // 2)
+    assert torch.equal(comm.Allreduce(big, S.MPI_SUM), want), mode
+    inplace = big.clone()
+    assert comm.Allreduce(inplace, S.MPI_SUM, out=inplace) is inplace and torch.equal(inplace, want)
+    bh = torch.full((1 << 18,), float(rank + 1), dtype=torch.float16)
+    assert torch.equal(comm.Allreduce(bh, S.MPI_MAX), torch.full_like(bh, size))
+    bg = big.clone().requires_grad_()
+    yb = comm.Allreduce(bg, S.MPI_SUM)
+    (yb * (rank + 1)).sum().backward()
+    assert torch.equal(bg.grad, torch.full_like(big, size * (size + 1) // 2))
+os.environ.pop("MPIAD_ALLREDUCE")
+_raw._ALGO.clear()
 
 # Reduce_scatter, default equal split
 x = torch.arange(2 * size, dtype=torch.float32) * (rank + 1)
