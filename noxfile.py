@@ -130,9 +130,9 @@ def install_wheels(session: nox.Session, packages: list[str], wheelhouse: Path =
     session.install("--no-index", "--find-links", str(wheelhouse), "--no-deps", "--force-reinstall", *names)
 
 
-def run_pytest(session: nox.Session, packages: list[str]) -> None:
+def run_pytest(session: nox.Session, packages: list[str], paths: list[str] | None = None) -> None:
     env = openmpi_env()
-    paths = [str(ROOT / "packages" / p / "tests") for p in packages]
+    paths = [*(paths or []), *(str(ROOT / "packages" / p / "tests") for p in packages)]
     # run from an empty folder so nothing imports from the source tree by accident
     tmp = Path(session.create_tmp())
     with session.chdir(tmp):
@@ -153,9 +153,18 @@ def run_pytest(session: nox.Session, packages: list[str]) -> None:
 
 
 @nox.session(python="3.11")
-@nox.parametrize("package", list(PACKAGES))
+@nox.parametrize("package", [*PACKAGES, "integration"])
 def tests(session: nox.Session, package: str) -> None:
-    """Build one package (and distkit-common) and run its tests on torch 2.13.0."""
+    """Build a package with distkit-common and run its tests (torch 2.13.0); `integration`: the composed job.
+
+    The composed job (tools/train_recsys.py) is tested on all five packages at once.
+    """
+    if package == "integration":
+        install_base(session, extra=("tqdm>=4.60", "matplotlib>=3.7"))
+        build_wheels(session, list(PACKAGES))
+        install_wheels(session, [p for p in PACKAGES if p != "common"])
+        run_pytest(session, [], paths=[str(ROOT / "tools" / "tests")])
+        return
     install_base(session)
     build_wheels(session, [package])
     install_wheels(session, [package])
