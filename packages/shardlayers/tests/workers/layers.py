@@ -225,6 +225,13 @@ def check_state_dict_and_convert(p: int, r: int) -> None:
     plain = ts.nn.ParallelLinear(20, 30)
     sd1 = ts.collect_state_dict(plain, plain.state_dict(keep_vars=True))
     assert all(sd1[k] is v for k, v in plain.state_dict(keep_vars=True).items())
+    # parameters replaced wholesale (deferred-init materialisation, assign=True) keep their tags
+    m = ts.nn.ParallelLinear(6, 8, dim=-1)
+    m.load_state_dict({k: v.clone() for k, v in m.state_dict().items()}, assign=True)
+    assert ts.get_parallel_dim(m.weight) == -1 and ts.get_parallel_dim(m.bias) == -1
+    e = ts.nn.ParallelEmbedding(8, 4, dim=0)
+    e._parameters["weight"] = nn.Parameter(torch.zeros_like(e.weight))
+    assert ts.get_parallel_dim(e.weight) == 0
     # relocate with the wrong full shape
     bad = dict(full)
     bad["0.weight"] = torch.zeros(9, 7)

@@ -10,7 +10,7 @@ from torch import nn
 from .._split import partition_range
 from .._tag import _FULL_SIZE, _PARALLEL_DIM, check_dim, register_parallel_attribute
 from . import functional as PF
-from ._linear import _check_features, _convert, _load_slices, _tp
+from ._linear import _check_features, _convert, _load_slices, _tp, track_parameters
 from .init import shard_init_helper_
 
 
@@ -65,6 +65,7 @@ class ParallelEmbedding(nn.Module):
         self.num_embeddings = _check_features("num_embeddings", num_embeddings)
         self.embedding_dim = _check_features("embedding_dim", embedding_dim)
         self.dim = check_dim(dim)
+        track_parameters(self)
         if padding_idx is not None:
             if not -num_embeddings <= padding_idx < num_embeddings:
                 raise ValueError(f"padding_idx {padding_idx} out of range for {num_embeddings} embeddings")
@@ -89,11 +90,14 @@ class ParallelEmbedding(nn.Module):
 
     def _register_tags(self) -> None:
         """(Re-)attach the parallel attributes to the weight (also after it was replaced)."""
-        register_parallel_attribute(self.weight, self.dim, 1)
+        weight = self._parameters.get("weight")
+        if weight is None:
+            return
+        register_parallel_attribute(weight, self.dim, 1)
         if self.dim == 0:
-            setattr(self.weight, _FULL_SIZE, self.num_embeddings)
+            setattr(weight, _FULL_SIZE, self.num_embeddings)
         elif self.dim is not None:
-            setattr(self.weight, _FULL_SIZE, self.embedding_dim)
+            setattr(weight, _FULL_SIZE, self.embedding_dim)
 
     def reset_parameters(self) -> None:
         """``nn.Embedding``'s initialisation (normal, padding row zero) of the full table, sliced."""

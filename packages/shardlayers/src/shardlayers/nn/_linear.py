@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -12,6 +13,29 @@ from .._split import partition_range
 from .._tag import _FULL_SIZE, _PARALLEL_DIM, check_dim, register_parallel_attribute
 from . import functional as PF
 from .init import shard_init_helper_
+
+
+class _TaggingDict(dict):  # type: ignore[type-arg]
+    """``Module._parameters`` that re-attaches the parallel attributes to any parameter assigned to
+    it (deferred-init materialisation, ``load_state_dict(assign=True)``, ``to_empty``, ...)."""
+
+    def __init__(self, owner: nn.Module, items: dict[str, Any]) -> None:
+        super().__init__(items)
+        self._owner = weakref.ref(owner)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        owner = self._owner()
+        if owner is not None and value is not None:
+            owner._register_tags()  # type: ignore[operator]
+
+    def __reduce__(self) -> Any:
+        return (dict, (dict(self),))
+
+
+def track_parameters(module: nn.Module) -> None:
+    """Make ``module`` re-tag its parameters whenever they are replaced."""
+    object.__setattr__(module, "_parameters", _TaggingDict(module, module._parameters))
 
 
 def _tp() -> tuple[int, int]:
@@ -77,6 +101,7 @@ class ParallelLinear(nn.Module):
         self.out_features = _check_features("out_features", out_features)
         self.dim = check_dim(dim)
         self.uneven = bool(uneven)
+        track_parameters(self)
         out_l, in_l = out_features, in_features
         if dim is not None:
             p, r = _tp()
@@ -97,15 +122,17 @@ class ParallelLinear(nn.Module):
         """(Re-)attach the parallel attributes to the parameters (also after they were replaced,
         e.g. by deferred-init materialisation or ``load_state_dict(assign=True)``)."""
         dim = self.dim
-        register_parallel_attribute(self.weight, dim, 0)
-        if dim in (1, -1):
-            setattr(self.weight, _FULL_SIZE, self.out_features)
-        elif dim == 0:
-            setattr(self.weight, _FULL_SIZE, self.in_features)
-        if self.bias is not None:
-            register_parallel_attribute(self.bias, dim if dim in (1, -1) else None, 0)
+        weight, bias = self._parameters.get("weight"), self._parameters.get("bias")
+        if weight is not None:
+            register_parallel_attribute(weight, dim, 0)
             if dim in (1, -1):
-                setattr(self.bias, _FULL_SIZE, self.out_features)
+                setattr(weight, _FULL_SIZE, self.out_features)
+            elif dim == 0:
+                setattr(weight, _FULL_SIZE, self.in_features)
+        if bias is not None:
+            register_parallel_attribute(bias, dim if dim in (1, -1) else None, 0)
+            if dim in (1, -1):
+                setattr(bias, _FULL_SIZE, self.out_features)
 
     def reset_parameters(self) -> None:
         """``nn.Linear``'s initialisation of the full weight (same RNG draws), then sliced."""
