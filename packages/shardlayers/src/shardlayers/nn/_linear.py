@@ -15,7 +15,7 @@ from . import functional as PF
 from .init import shard_init_helper_
 
 
-class _TaggingDict(dict):  # type: ignore[type-arg]
+class _TaggingDict(dict):
     """``Module._parameters`` that re-attaches the parallel attributes to any parameter assigned to
     it (deferred-init materialisation, ``load_state_dict(assign=True)``, ``to_empty``, ...)."""
 
