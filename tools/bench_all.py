@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-from distkit_common.testing import run_mpi
+from distkit_common.testing import RunResult, run_mpi
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "results"
@@ -44,7 +45,18 @@ def main(argv: list[str]) -> int:
         n = nprocs_of(script)
         print(f"== {pkg}: {script.name} on {n} rank(s)", flush=True)
         t0 = time.monotonic()
-        res = run_mpi(script, n, timeout=1800, check=False, env={"DISTKIT_BENCH_OUT": str(OUT)})
+        if n > 1:
+            res = run_mpi(script, n, timeout=1800, check=False, env={"DISTKIT_BENCH_OUT": str(OUT)})
+        else:  # a single process runs unbound (mpiexec would pin it to one core)
+            proc = subprocess.run(
+                [sys.executable, str(script)],
+                capture_output=True,
+                text=True,
+                timeout=1800,
+                env={**os.environ, "DISTKIT_BENCH_OUT": str(OUT)},
+                stdin=subprocess.DEVNULL,
+            )
+            res = RunResult(proc.returncode, proc.stdout, proc.stderr)
         sys.stdout.write(res.stdout)
         if res.returncode != 0:
             failures.append(f"{pkg}/{script.name} exited {res.returncode}")
@@ -75,12 +87,53 @@ def write_report(rows: list[dict], failures: list[str]) -> None:
         lines.append(f"| {r['package']} | {r['name']} | {shown} {r.get('unit', '')} | {r.get('goal', '')} | {met} |")
     if failures:
         lines += ["", "## Failed benchmark runs", *[f"- {f}" for f in failures]]
-    pngs = sorted(OUT.glob("*.png"))
+    overview = plot_overview(rows)
+    if overview:
+        lines += ["", f"![every goal]({overview.name})"]
+    pngs = sorted(p for p in OUT.glob("*.png") if p != overview)
     if pngs:
         lines += ["", "## Plots", *[f"![{p.stem}]({p.name})" for p in pngs]]
     (OUT / "REPORT.md").write_text("\n".join(lines) + "\n")
     (OUT / "results.json").write_text(json.dumps(rows, indent=1))
     print(f"wrote {OUT / 'REPORT.md'} ({len(rows)} measurements)")
+
+
+def _goal(goal: str) -> tuple[str, float] | None:
+    m = re.match(r"\s*(<=|>=|<|>)\s*([0-9.eE+-]+)", goal or "")
+    return (m.group(1), float(m.group(2))) if m else None
+
+
+def plot_overview(rows: list[dict]) -> Path | None:
+    """One bar per measurement with a numeric goal: how far it is from its goal (1 = exactly at the goal,
+    > 1 = better than the goal, whichever direction the goal points)."""
+    items = []
+    for r in rows:
+        g = _goal(str(r.get("goal", "")))
+        ratio = r.get("ratio")
+        if g is None or not isinstance(ratio, (int, float)) or ratio <= 0 or g[1] <= 0:
+            continue
+        margin = ratio / g[1] if g[0].startswith(">") else g[1] / ratio
+        items.append((f"{r['package']}: {r['name']}"[:70], margin))
+    if not items:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 0.32 * len(items) + 1.2))
+    labels = [i[0] for i in items][::-1]
+    margins = [i[1] for i in items][::-1]
+    ax.barh(labels, margins, color=["tab:green" if m >= 1 else "tab:red" for m in margins])
+    ax.axvline(1.0, color="black", lw=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("margin to goal (> 1: goal met)")
+    ax.tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+    path = OUT / "overview_goals.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":
