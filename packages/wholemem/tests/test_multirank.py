@@ -44,6 +44,7 @@ def test_no_shm_leftovers_after_sigkill() -> None:
 
 def _pg_body(rank: int, size: int, store: str) -> None:
     import torch
+    import torch.distributed as dist
 
     import wholemem as wg
 
@@ -61,6 +62,8 @@ def _pg_body(rank: int, size: int, store: str) -> None:
         assert torch.equal(wg.gather(t, idx), idx[:, None] * 10 + torch.arange(3))
     comm.destroy()
     wg.finalize_lib()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 @pytest.mark.spawn

@@ -96,8 +96,9 @@ class Communicator:
         Number of distinct nodes in the group.
     """
 
-    def __init__(self, pg: Any, *, store: Any = None, owns_pg: bool = True) -> None:
+    def __init__(self, pg: Any, *, store: Any = None, owns_pg: bool = True, token: str | None = None) -> None:
         self._pg = pg
+        self._token = token
         self._store = store
         self._owns_pg = owns_pg
         self._destroyed = False
@@ -153,6 +154,8 @@ class Communicator:
         self.barrier()
         self._mark_destroyed()
         _lib._communicators.discard(self)
+        if self._token is not None:
+            _lib._servers.pop(self._token, None)  # every rank is connected: the store is no longer needed
 
     # -- collectives used by the tensor types ---------------------------------------
     def allgather_object(self, obj: Any) -> list[Any]:
@@ -240,7 +243,7 @@ def create_communicator(
         store = dist.TCPStore(unique_id.host, unique_id.port, None, False, timeout=timeout)
     prefixed = dist.PrefixStore(f"wholemem/{unique_id.token}", store)
     pg = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
-    return Communicator(pg, store=store, owns_pg=True)
+    return Communicator(pg, store=store, owns_pg=True, token=unique_id.token)
 
 
 def communicator_from_process_group(pg: Any = None) -> Communicator:
