@@ -164,6 +164,8 @@ def _axis(tag: int) -> int:
 
 def _find_tag(obj: Any, found: list[tuple[int, torch.Tensor]]) -> None:
     if isinstance(obj, torch.Tensor):
+        if isinstance(obj, torch.nn.Parameter):
+            return  # parameter tags describe the storage split, not an activation's
         tag = getattr(obj, _PARALLEL_DIM, None)
         if tag is not None:
             found.append((tag, obj))
