@@ -1,0 +1,187 @@
+# nprocs: 2
+"""kvps on 2 ranks: local throughput vs a private tensor, remote keys/s, Zipf with vs without intent, MF.
+
+Measurements (rank 0 prints one BENCH line each):
+  * pull / push of 100k local keys x 64 float32 from a 1M-key server, against
+    ``index_select`` / ``index_add_`` on a private (500k x 64) tensor (goal >= 0.5x);
+  * pull / push of remote keys (keys homed on the other rank), in keys/s;
+  * a Zipf(1.1)-skewed pull/compute/push loop over 200k keys x 64 (reduced from
+    1M so the run fits the time budget here), with intent signalled 8 batches
+    ahead ("all" techniques) vs the same loop without intent ("none", the classic
+    parameter server); ratio = time without / time with (goal >= 2x);
+  * a small matrix factorisation with kvps.torch.PSEmbedding and the prefetching
+    iterator: ratings/s and the loss of the last vs the first epoch (must fall).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+import kvps
+from kvps.torch import PSEmbedding
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+DIM = 64
+
+
+def emit(name: str, ratio: float, goal: str, met: bool | None, unit: str = "x", **detail: float) -> None:
+    if rank == 0:
+        rec = {"package": "kvps", "name": name, "ratio": ratio, "goal": goal, "met": met, "unit": unit}
+        if detail:
+            rec["detail"] = detail
+        print("BENCH " + json.dumps(rec), flush=True)
+
+
+def best(fn, repeat: int = 5) -> float:
+    fn()
+    ts = []
+    for _ in range(repeat):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def local_and_remote() -> None:
+    nk, batch = 1_000_000, 100_000
+    kvps.setup(nk, 1, "none")
+    server = kvps.Server(DIM)
+    w = kvps.Worker(0, server)
+    rng = np.random.default_rng(rank)
+    # keys homed here (k % size == rank) are local; the private tensor holds the same rows
+    local_rows = rng.integers(0, nk // size, size=batch)
+    keys = torch.from_numpy(local_rows * size + rank)
+    vals = torch.ones(batch * DIM)
+    w.set(torch.arange(rank, nk, size, dtype=torch.int64), torch.zeros((nk // size) * DIM))
+    table = torch.zeros(nk // size, DIM)
+    idx = torch.from_numpy(local_rows)
+    out = torch.empty(batch, DIM)
+
+    t_pull = best(lambda: w.pull(keys, vals))
+    t_sel = best(lambda: torch.index_select(table, 0, idx, out=out))
+    r = t_sel / t_pull
+    emit("local pull 100k x 64 f32: index_select / kvps time", r, ">= 0.5", r >= 0.5, kvps_Mkeys_s=batch / t_pull / 1e6)
+    t_push = best(lambda: w.push(keys, vals))
+    t_add = best(lambda: table.index_add_(0, idx, out))
+    r = t_add / t_push
+    emit("local push 100k x 64 f32: index_add_ / kvps time", r, ">= 0.5", r >= 0.5, kvps_Mkeys_s=batch / t_push / 1e6)
+
+    other = (rank + 1) % size
+    rkeys = torch.from_numpy(rng.integers(0, nk // size, size=batch) * size + other)
+    t_rpull = best(lambda: w.pull(rkeys, vals), repeat=3)
+    t_rpush = best(lambda: w.push(rkeys, vals), repeat=3)
+    emit("remote pull 100k x 64 f32 (keys/s)", batch / t_rpull, "info", None, unit="keys/s")
+    emit("remote push 100k x 64 f32 (keys/s)", batch / t_rpush, "info", None, unit="keys/s")
+    server.barrier()
+    server.shutdown()
+
+
+def zipf_run(technique: str, nk: int, steps: int, batch: int, ahead: int) -> float:
+    kvps.setup(nk, 1, technique)
+    server = kvps.Server(DIM, intent_lookahead=ahead)
+    w = kvps.Worker(0, server)
+    rng = np.random.default_rng(100 + rank)
+    perm = np.random.default_rng(7).permutation(nk)  # same popularity order on both ranks
+    batches = []
+    for _ in range(steps + ahead):
+        z = rng.zipf(1.1, size=batch)
+        batches.append(torch.from_numpy(np.unique(perm[(z - 1) % nk]).astype(np.int64)))
+    use_intent = technique != "none"
+    if use_intent:
+        for i in range(ahead):
+            w.intent(batches[i], i)
+    server.barrier()
+    t0 = 0.0
+    warm = steps // 5
+    for i in range(steps):
+        if i == warm:
+            comm.Barrier()
+            t0 = time.perf_counter()
+        if use_intent:
+            w.intent(batches[i + ahead], w.current_clock() + ahead)
+        k = batches[i]
+        v = torch.empty(k.numel() * DIM)
+        w.pull(k, v)
+        g = v.mul_(-1e-3).add_(1e-4)
+        w.push(k, g, True)
+        w.advance_clock()
+    w.waitall()
+    comm.Barrier()
+    dt = time.perf_counter() - t0
+    server.shutdown()
+    return comm.allreduce(dt, op=MPI.MAX)
+
+
+def matrix_factorisation() -> None:
+    users, items, d, nnz = 4000, 2000, 16, 200_000
+    g = torch.Generator().manual_seed(0)
+    pu, qi = torch.randn(users, 4, generator=g), torch.randn(items, 4, generator=g)
+    u = torch.randint(0, users, (nnz,), generator=g)
+    it = torch.randint(0, items, (nnz,), generator=g)
+    r = (pu[u] * qi[it]).sum(1) * 0.5
+    mine = u % size == rank  # users partitioned by rank; items shared
+    u, it, r = u[mine], it[mine], r[mine]
+    kvps.setup(users + items, 1, "all")
+    server = kvps.Server(2 * d)
+    w = kvps.Worker(0, server)
+    U = PSEmbedding(users, d, w, key_offset=0, lr=0.1, init_std=0.1, seed=1)
+    V = PSEmbedding(items, d, w, key_offset=users, lr=0.1, init_std=0.1, seed=2)
+    bs = 2000
+    losses = []
+    t0 = time.perf_counter()
+    n = 0
+    for _epoch in range(3):
+        order = torch.randperm(u.numel(), generator=g)
+        batches = [order[i : i + bs] for i in range(0, order.numel(), bs)]
+        tot, cnt = 0.0, 0
+        for b in U.prefetch(batches, ahead=2, keys_fn=lambda b: u[b]):
+            pred = (U(u[b]) * V(it[b])).sum(1)
+            loss = ((pred - r[b]) ** 2).mean()
+            loss.backward()
+            V.flush()
+            tot += float(loss.detach()) * b.numel()
+            cnt += b.numel()
+            n += b.numel()
+        losses.append(comm.allreduce(tot) / comm.allreduce(cnt))
+    dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+    total = comm.allreduce(n)
+    emit(
+        "matrix factorisation 4000x2000 d=16, 2 ranks: loss last / first epoch",
+        losses[-1] / losses[0],
+        "< 1 (falling)",
+        losses[-1] < losses[0],
+        ratings_per_s=total / dt,
+        loss_first=losses[0],
+        loss_last=losses[-1],
+    )
+    server.shutdown()
+
+
+def main() -> None:
+    local_and_remote()
+    nk = int(os.environ.get("KVPS_BENCH_ZIPF_KEYS", "200000"))
+    steps, batch, ahead = 80, 4096, 8
+    t_none = zipf_run("none", nk, steps, batch, ahead)
+    t_all = zipf_run("all", nk, steps, batch, ahead)
+    r = t_none / t_all
+    emit(
+        f"Zipf(1.1) {nk // 1000}k keys x 64, batch 4096, intent 8 ahead: time without / with intent",
+        r,
+        ">= 2",
+        r >= 2,
+        steps_per_s_intent=(steps - steps // 5) / t_all,
+        steps_per_s_classic=(steps - steps // 5) / t_none,
+    )
+    matrix_factorisation()
+
+
+if __name__ == "__main__":
+    main()
