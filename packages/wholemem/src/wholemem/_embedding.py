@@ -103,8 +103,8 @@ class Embedding(nn.Module):
         A floating dtype (16-bit tables keep float32 optimizer state).
     init : torch.Tensor, optional
         The full ``[num_embeddings, embedding_dim]`` initial table (every rank copies its
-        rows); default: normal(0, 1) drawn per row from ``seed`` (independent of the
-        number of ranks).
+        rows); default: normal(0, 1) drawn from ``seed`` in blocks of 4096 rows
+        (the same table for any number of ranks).
     seed : int
         Seed of the default initialisation.
 
@@ -145,9 +145,14 @@ class Embedding(nn.Module):
                     raise ValueError(f"init must have shape {(num_embeddings, embedding_dim)}, got {tuple(init.shape)}")
                 local.copy_(init[first : first + local.shape[0]])
             else:
-                for r in range(local.shape[0]):
-                    g = torch.Generator().manual_seed(seed * 1_000_003 + first + r)
-                    local[r].copy_(torch.randn(self.embedding_dim, generator=g))
+                # blocks of rows drawn from their own seed: the same table for any number of ranks
+                blk = 4096
+                n = local.shape[0]
+                for b in range(first // blk, (first + n + blk - 1) // blk):
+                    g = torch.Generator().manual_seed(seed * 1_000_003 + b)
+                    rows = torch.randn(blk, self.embedding_dim, generator=g)
+                    lo, hi = max(first, b * blk), min(first + n, (b + 1) * blk)
+                    local[lo - first : hi - first].copy_(rows[lo - b * blk : hi - b * blk])
         acc = _acc_dtype(dtype)
         init_state = optimizer.initial_accumulator_value if isinstance(optimizer, Adagrad) else 0.0
         nstates = optimizer.num_states if optimizer is not None else 0

@@ -127,6 +127,9 @@ def main() -> None:
     train(a, rank)
     a.save(f"{tmp}/emb", num_parts=size + 1)
     b = wg.Embedding(comm, N, D, optimizer=opt, tensor_type=T.NCCL, seed=3)
+    # the default initialisation does not depend on the number of ranks
+    want = torch.randn(4096, D, generator=torch.Generator().manual_seed(3 * 1_000_003))[:N]
+    assert torch.equal(wg.gather(b.weight, torch.arange(N)), want)
     b.load(f"{tmp}/emb")
     assert b.step_count == a.step_count == STEPS
     assert torch.equal(wg.gather(a.weight, torch.arange(N)), wg.gather(b.weight, torch.arange(N)))
