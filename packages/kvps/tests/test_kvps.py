@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from distkit_common.testing import run_mpi
 
 import kvps
+from distkit_common.testing import run_mpi
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -77,3 +77,9 @@ def test_torch_embedding() -> None:
     """PSEmbedding: seeded init, closed-form Adagrad steps from two ranks, prefetch makes batches local."""
     res = run_mpi(str(SCRIPTS / "torch_embed.py"), 2, timeout=150)
     assert "torch ok on 2 ranks" in res.stdout
+
+
+@pytest.mark.mpi
+def test_readme_example_runs() -> None:
+    res = run_mpi(str(Path(__file__).parents[1] / "example.py"), 2, timeout=120)
+    assert res.stdout.count("key 1 = [2. 2. 2. 2. 2. 2. 2. 2.]") == 2

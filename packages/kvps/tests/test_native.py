@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import distkit_common
-
 import kvps
 from kvps import _kvps
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import mpi4py.MPI  # noqa: F401  (initialises MPI and loads libmpi first)
 
-from . import _kvps
 from ._server import TECHNIQUES, Server, Worker, setup
 from ._version import __version__
 

@@ -35,7 +35,7 @@ _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 def _write(path: Path, data: np.ndarray) -> None:
     with open(path, "wb") as f:
-        f.write(memoryview(np.ascontiguousarray(data)).cast("B"))
+        f.write(np.ascontiguousarray(data).data)
         f.flush()
         os.fsync(f.fileno())
 

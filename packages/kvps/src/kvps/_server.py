@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from distkit_common.validate import check_int
 from mpi4py import MPI
+
+from distkit_common.validate import check_int
 
 from . import _kvps
 from ._args import as_keys, as_values
@@ -465,7 +466,7 @@ class Worker:
             Bad keys.
         """
         self.server._check_open()
-        kp, n, keep = as_keys(keys, self.num_keys)
+        kp, n, _keep = as_keys(keys, self.num_keys)
         ts = int(self._e.localize(self.customer_id, kp, n))
         if ts >= 0 and not asynchronous:
             self._e.wait(ts)
@@ -492,7 +493,7 @@ class Worker:
             e = s + 1
         if e <= s:
             raise ValueError(f"intent window [start, end) = [{s}, {e}) is empty")
-        kp, n, keep = as_keys(keys, self.num_keys)
+        kp, n, _keep = as_keys(keys, self.num_keys)
         self._e.intent(self.customer_id, kp, n, s, e)
 
     def advance_clock(self) -> int:
@@ -585,11 +586,8 @@ class Worker:
         if sid not in self._samples:
             raise KeyError(f"unknown or exhausted sample id {sid}")
         keys, used = self._samples[sid]
-        if isinstance(keys_out, np.ndarray):
-            kout = keys_out
-        elif isinstance(keys_out, torch.Tensor):
-            kout = keys_out
-        else:
+        kout: Any = keys_out
+        if not isinstance(keys_out, (np.ndarray, torch.Tensor)):
             raise TypeError(f"keys_out must be an int64 numpy array or tensor, got {type(keys_out).__name__}")
         if kout.dtype not in (np.int64, torch.int64) or kout.ndim != 1:
             raise TypeError(f"keys_out must be a 1-D int64 array, got dtype {kout.dtype}, ndim {kout.ndim}")

@@ -8,8 +8,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from distkit_common.validate import check_int
 from torch import nn
+
+from distkit_common.validate import check_int
 
 from ._server import Worker
 
