@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "distkit/error.hpp"
@@ -110,6 +111,41 @@ void full_pwrite(int fd, const uint8_t* p, int64_t n, int64_t off) {
   }
 }
 
+// Reads at least `need` bytes (up to n); a short read past `need` is the end of the file.
+int64_t pread_at_least(int fd, uint8_t* p, int64_t n, int64_t need, int64_t off) {
+  int64_t got = 0;
+  while (got < need) {
+    ssize_t r = ::pread(fd, p + got, static_cast<size_t>(n - got), off + got);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw distkit::OSError(distkit::str("pread of ", n - got, " bytes at offset ", off + got, " failed"), errno);
+    }
+    if (r == 0)
+      throw distkit::ValueError(
+          distkit::str("checkpoint file truncated: expected ", need - got, " more bytes at offset ", off + got));
+    got += r;
+  }
+  return got;
+}
+
+struct Bounce {
+  uint8_t* p = nullptr;
+  Bounce() {
+    if (posix_memalign(reinterpret_cast<void**>(&p), static_cast<size_t>(kDirectAlign), static_cast<size_t>(kIoBlock)) != 0)
+      throw distkit::Error("cannot allocate an aligned I/O buffer");
+  }
+  ~Bounce() { std::free(p); }
+  Bounce(const Bounce&) = delete;
+  Bounce& operator=(const Bounce&) = delete;
+};
+
+int64_t round_up(int64_t n) { return (n + kDirectAlign - 1) / kDirectAlign * kDirectAlign; }
+
+void check_aligned(const Piece& pc) {
+  distkit::check(pc.offset % kDirectAlign == 0, "direct I/O needs file offsets that are multiples of ", kDirectAlign,
+                 ", got ", pc.offset);
+}
+
 void full_pread(int fd, uint8_t* p, int64_t n, int64_t off) {
   while (n > 0) {
     ssize_t r = ::pread(fd, p, static_cast<size_t>(std::min(n, kIoBlock)), off);
@@ -140,9 +176,28 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
 
 bool crc32c_hw_available() { return use_hw(); }
 
-std::vector<uint32_t> write_pieces(int fd, const std::vector<Piece>& pieces) {
+std::vector<uint32_t> write_pieces(int fd, const std::vector<Piece>& pieces, bool direct) {
   std::vector<uint32_t> crcs(pieces.size());
+  if (direct) for (const auto& pc : pieces) check_aligned(pc);
   distkit::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t lo, int64_t hi) {
+    if (direct) {
+      Bounce b;
+      for (int64_t i = lo; i < hi; ++i) {
+        const Piece& pc = pieces[i];
+        const auto* src = reinterpret_cast<const uint8_t*>(pc.ptr);
+        uint32_t crc = 0;
+        for (int64_t at = 0; at < pc.nbytes; at += kIoBlock) {
+          int64_t n = std::min(kIoBlock, pc.nbytes - at);
+          std::memcpy(b.p, src + at, static_cast<size_t>(n));
+          int64_t padded = round_up(n);
+          if (padded > n) std::memset(b.p + n, 0, static_cast<size_t>(padded - n));
+          crc = crc32c(b.p, static_cast<size_t>(n), crc);
+          full_pwrite(fd, b.p, padded, pc.offset + at);
+        }
+        crcs[i] = crc;
+      }
+      return;
+    }
     for (int64_t i = lo; i < hi; ++i) {
       const Piece& pc = pieces[i];
       const auto* p = reinterpret_cast<const uint8_t*>(pc.ptr);
@@ -153,9 +208,26 @@ std::vector<uint32_t> write_pieces(int fd, const std::vector<Piece>& pieces) {
   return crcs;
 }
 
-std::vector<uint32_t> read_pieces(int fd, const std::vector<Piece>& pieces) {
+std::vector<uint32_t> read_pieces(int fd, const std::vector<Piece>& pieces, bool direct) {
   std::vector<uint32_t> crcs(pieces.size());
+  if (direct) for (const auto& pc : pieces) check_aligned(pc);
   distkit::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t lo, int64_t hi) {
+    if (direct) {
+      Bounce b;
+      for (int64_t i = lo; i < hi; ++i) {
+        const Piece& pc = pieces[i];
+        auto* dst = reinterpret_cast<uint8_t*>(pc.ptr);
+        uint32_t crc = 0;
+        for (int64_t at = 0; at < pc.nbytes; at += kIoBlock) {
+          int64_t n = std::min(kIoBlock, pc.nbytes - at);
+          pread_at_least(fd, b.p, round_up(n), n, pc.offset + at);
+          crc = crc32c(b.p, static_cast<size_t>(n), crc);
+          std::memcpy(dst + at, b.p, static_cast<size_t>(n));
+        }
+        crcs[i] = crc;
+      }
+      return;
+    }
     for (int64_t i = lo; i < hi; ++i) {
       const Piece& pc = pieces[i];
       auto* p = reinterpret_cast<uint8_t*>(pc.ptr);

@@ -23,10 +23,16 @@ struct Piece {
   int64_t offset;     // file offset
 };
 
+/// Alignment of file offsets, lengths and buffers for O_DIRECT I/O.
+constexpr int64_t kDirectAlign = 4096;
+
 /// pwrite every piece to fd in parallel; returns the crc32c of each piece.
-std::vector<uint32_t> write_pieces(int fd, const std::vector<Piece>& pieces);
+/// With `direct` (fd opened with O_DIRECT) data goes through 4 KiB-aligned bounce buffers,
+/// offsets must be multiples of 4096 and the last block of a piece is zero-padded to 4096.
+std::vector<uint32_t> write_pieces(int fd, const std::vector<Piece>& pieces, bool direct = false);
 /// pread every piece from fd in parallel; returns the crc32c of each piece as read.
-std::vector<uint32_t> read_pieces(int fd, const std::vector<Piece>& pieces);
+/// With `direct`, reads go through aligned bounce buffers (offsets must be multiples of 4096).
+std::vector<uint32_t> read_pieces(int fd, const std::vector<Piece>& pieces, bool direct = false);
 /// fsync a file descriptor / a path (file or directory).
 void fsync_fd(int fd);
 void fsync_path(const std::string& path);

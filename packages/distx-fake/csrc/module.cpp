@@ -45,6 +45,7 @@ PYBIND11_MODULE(_distx_fake, m) {
   });
   m.def("get_num_threads", &distkit::get_num_threads);
   m.def("crc32c_hw_available", &distx::crc32c_hw_available);
+  m.attr("DIRECT_ALIGN") = distx::kDirectAlign;
   m.def(
       "crc32c",
       [](py::buffer data, uint32_t crc, bool software) {
@@ -65,21 +66,21 @@ PYBIND11_MODULE(_distx_fake, m) {
       py::arg("ptr"), py::arg("nbytes"), py::arg("crc") = 0);
   m.def(
       "write_pieces",
-      [](int fd, const std::vector<PieceTuple>& pieces) {
+      [](int fd, const std::vector<PieceTuple>& pieces, bool direct) {
         auto pcs = to_pieces(pieces);
         distkit::nogil release;
-        return distx::write_pieces(fd, pcs);
+        return distx::write_pieces(fd, pcs, direct);
       },
-      py::arg("fd"), py::arg("pieces"),
+      py::arg("fd"), py::arg("pieces"), py::arg("direct") = false,
       "pwrite (ptr, nbytes, offset) pieces in parallel; returns their crc32c.");
   m.def(
       "read_pieces",
-      [](int fd, const std::vector<PieceTuple>& pieces) {
+      [](int fd, const std::vector<PieceTuple>& pieces, bool direct) {
         auto pcs = to_pieces(pieces);
         distkit::nogil release;
-        return distx::read_pieces(fd, pcs);
+        return distx::read_pieces(fd, pcs, direct);
       },
-      py::arg("fd"), py::arg("pieces"),
+      py::arg("fd"), py::arg("pieces"), py::arg("direct") = false,
       "pread (ptr, nbytes, offset) pieces in parallel; returns their crc32c.");
   m.def(
       "fsync_fd",

@@ -31,10 +31,9 @@ from typing import Any, TypeVar
 import torch
 
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_map
 
 from . import _rng
-from ._fake import FakeTensor, _fake_ctx
+from ._fake import FakeTensor, _fake_ctx, _leaves, _map
 
 __all__ = [
     "CapturedTensorModifiedError",
@@ -129,13 +128,13 @@ class _Graph:
                 return _Captured(x, x._version, _where(), op)
             return x
 
-        cargs = tree_map(capture, args)
-        ckwargs = tree_map(capture, kwargs)
+        cargs = _map(capture, args)
+        ckwargs = _map(capture, kwargs)
         node = _Node(len(self.nodes), func, cargs, ckwargs, out, rng, tuple(dict.fromkeys(in_keys)))
         self.nodes.append(node)
         written: dict[int, None] = {}
         ref = weakref.ref(self)
-        for o in tree_flatten(out)[0]:
+        for o in _leaves(out):
             if isinstance(o, FakeTensor):
                 written[_storage_key(o)] = None
                 o._distx_graph = ref  # type: ignore[attr-defined]
@@ -144,7 +143,7 @@ class _Graph:
             for i, a in enumerate(schema.arguments):
                 if a.alias_info is not None and a.alias_info.is_write:
                     v = args[i] if i < len(args) else kwargs.get(a.name)
-                    for t in tree_flatten(v)[0]:
+                    for t in _leaves(v):
                         if isinstance(t, FakeTensor):
                             written[_storage_key(t)] = None
         for k in written:
@@ -194,8 +193,8 @@ class _Graph:
                 return v
             return x
 
-        args = tree_map(real_of, node.args)
-        kwargs = tree_map(real_of, node.kwargs)
+        args = _map(real_of, node.args)
+        kwargs = _map(real_of, node.kwargs)
         func = node.func
         if func is _aten.lift_fresh.default:
             func, args = _aten.clone.default, (args[0],)
@@ -207,8 +206,8 @@ class _Graph:
                 out = _rng.replay(node.rng, func, args, kwargs)
             else:
                 out = func(*args, **kwargs)
-        fakes = tree_flatten(node.outs)[0]
-        reals = tree_flatten(out)[0]
+        fakes = _leaves(node.outs)
+        reals = _leaves(out)
         for f, r in zip(fakes, reals):
             if isinstance(f, FakeTensor):
                 f._distx_real = r  # type: ignore[attr-defined]

@@ -132,6 +132,22 @@ def _map(fn: Any, x: Any) -> Any:
     return fn(x)
 
 
+def _leaves(x: Any, out: list[Any] | None = None) -> list[Any]:
+    """The leaves of nested tuples/lists/dicts, in :func:`_map` order."""
+    if out is None:
+        out = []
+    t = type(x)
+    if t is tuple or t is list:
+        for v in x:
+            _leaves(v, out)
+    elif t is dict:
+        for v in x.values():
+            _leaves(v, out)
+    else:
+        out.append(x)
+    return out
+
+
 def _target_device(args: Any, kwargs: dict[str, Any]) -> torch.device:
     dev = kwargs.get("device")
     if dev is not None:

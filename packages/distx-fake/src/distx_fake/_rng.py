@@ -36,10 +36,9 @@ from typing import Any
 import torch
 
 from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_map
 
 from . import _distx_fake as _native
-from ._fake import FakeTensor
+from ._fake import FakeTensor, _leaves, _map
 
 _aten = torch.ops.aten
 _KIND = {
@@ -121,7 +120,7 @@ class Snapshot:
 
 
 def _op_device(args: Any, kwargs: Any) -> torch.device:
-    for t in tree_flatten(args)[0]:
+    for t in _leaves(args):
         if isinstance(t, torch.Tensor):
             return t.device
     dev = kwargs.get("device")
@@ -171,8 +170,8 @@ def snapshot_and_advance(func: Any, args: Any, kwargs: Any) -> Snapshot | None:
         return x
 
     with _disable_current_modes(), torch.no_grad():
-        sargs = tree_map(scratch, args)
-        skw = tree_map(scratch, kwargs)
+        sargs = _map(scratch, args)
+        skw = _map(scratch, kwargs)
         if "device" in skw:
             skw = dict(skw)
             skw["device"] = torch.device("cpu")
@@ -195,15 +194,15 @@ def replay(snap: Snapshot, func: Any, args: Any, kwargs: Any) -> Any:
         if _inplace(func):
             dst = args[0]
             tmp = torch.empty_strided(dst.shape, dst.stride(), dtype=dst.dtype, device="cpu")
-            rest = tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, (args[1:], kwargs))
+            rest = _map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, (args[1:], kwargs))
             func(tmp, *rest[0], **rest[1])
             dst.copy_(tmp)
             return dst
-        cargs, ckw = tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, (args, kwargs))
+        cargs, ckw = _map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, (args, kwargs))
         if "device" in ckw:
             ckw = dict(ckw)
             ckw["device"] = torch.device("cpu")
         out = func(*cargs, **ckw)
-        return tree_map(lambda x: x.to(dev) if isinstance(x, torch.Tensor) else x, out)
+        return _map(lambda x: x.to(dev) if isinstance(x, torch.Tensor) else x, out)
     finally:
         gen.set_state(saved)
