@@ -207,3 +207,18 @@ def test_plain_tensors_and_strides(comm: wg.Communicator) -> None:
     assert torch.equal(wg.gather(c, torch.tensor([3])), v)
     with pytest.raises(ValueError, match="mergeable"):
         wg.create_wm_tensor(comm, [4, 2, 3], [6, 1, 2], torch.float32, T.HOST)
+
+
+def test_host_tensor_is_a_normal_tensor(comm: wg.Communicator, tmp_path: Path) -> None:
+    import copy
+
+    h = wg.create_wm_tensor(comm, [4, 2], [], torch.float32, T.HOST)
+    h.copy_(torch.arange(8.0).reshape(4, 2))
+    torch.save(h, tmp_path / "h.pt")
+    assert torch.equal(torch.load(tmp_path / "h.pt"), h)
+    c = copy.deepcopy(h)
+    c[0] = -1.0
+    assert torch.equal(h[0], torch.tensor([0.0, 1.0]))  # the copy is private
+    assert wg.get_partition_plan(h) == 4
+    with pytest.raises(TypeError, match="plain"):
+        wg.get_partition_plan(c)

@@ -38,7 +38,7 @@ def create_device_tensor(comm: Communicator, layout: Layout) -> torch.Tensor:  #
     raw = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
     flat = raw[: layout.elems(layout.nrows) * layout.itemsize].view(layout.dtype)
     t = flat.as_strided(layout.shape, layout.stride)
-    from ._tensor import HostInfo
+    from ._tensor import HostInfo, register_host
 
-    t._wholemem = HostInfo(comm, layout, storage)  # type: ignore[attr-defined]
+    register_host(t, HostInfo(comm, layout, storage))
     return t

@@ -12,14 +12,14 @@ from distkit_common.validate import as_index_tensor, as_tensor
 
 from . import _lib
 from ._layout import local_range, plain_table_args, rows_per_rank
-from ._tensor import ChunkedTensor, HostInfo, NCCLTensor, _WmTensor
+from ._tensor import ChunkedTensor, HostInfo, NCCLTensor, _WmTensor, host_info, register_host
 from ._wholemem import Table, check_indices
 
 WmAny = Any  # torch.Tensor | ChunkedTensor | NCCLTensor
 
 
 def _info(t: torch.Tensor) -> HostInfo | None:
-    return getattr(t, "_wholemem", None)
+    return host_info(t)
 
 
 def _check_target(t: Any, what: str) -> None:
@@ -359,7 +359,7 @@ def get_sub_tensor(t: WmAny, starts: Any, ends: Any) -> WmAny:
         info = _info(t)
         if info is not None:
             sub_info = dataclasses.replace(info, row_offset=info.row_offset + rng[0][0])
-            view._wholemem = sub_info  # type: ignore[attr-defined]
+            register_host(view, sub_info)
         return view
     if any(r != (0, size) for r, size in zip(rng[2:], t._shape[2:])):
         raise ValueError("get_sub_tensor: only rows and (for 2-D tensors) columns can be restricted")

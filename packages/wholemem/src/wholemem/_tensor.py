@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _lib
 from ._comm import Communicator
@@ -32,12 +33,28 @@ class WmTensorType(enum.Enum):
 
 @dataclass
 class HostInfo:
-    """What wholemem remembers about a HOST tensor (attached as ``tensor._wholemem``)."""
+    """What wholemem remembers about a HOST / DEVICE tensor (see :func:`host_info`)."""
 
     comm: Communicator
     layout: Layout  #: of the whole tensor
     segment: Any  #: keeps the mapping alive
     row_offset: int = 0  #: first row of this view in the whole tensor
+
+
+# HOST / DEVICE tensors are plain torch tensors; their communicator and layout live in a
+# registry keyed weakly by tensor identity (an attribute on the tensor would break
+# torch.save / deepcopy, which would try to pickle the process group).
+_HOST_INFO: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def register_host(t: torch.Tensor, info: HostInfo) -> None:
+    """Remember ``info`` for ``t`` as long as ``t`` lives."""
+    _HOST_INFO[t] = info
+
+
+def host_info(t: torch.Tensor) -> HostInfo | None:
+    """The :class:`HostInfo` of a tensor made by wholemem, or None for any other tensor."""
+    return _HOST_INFO.get(t)
 
 
 def _frombuffer(seg: Any, layout: Layout, rows: int) -> torch.Tensor:
@@ -353,7 +370,7 @@ def _create_host(comm: Communicator, layout: Layout) -> torch.Tensor:
             seg.unlink()
     _raise_remote(errors, comm.rank)
     t = _frombuffer(seg, layout, layout.nrows)
-    t._wholemem = HostInfo(comm, layout, seg)  # type: ignore[attr-defined]
+    register_host(t, HostInfo(comm, layout, seg))
     return t
 
 
