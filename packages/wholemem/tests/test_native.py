@@ -84,3 +84,22 @@ def test_optimizer_kernel_closed_form() -> None:
     )
     assert torch.allclose(w, torch.tensor([[1.0, 2.0], [2.9, 4.1]]))
     assert torch.equal(s0, torch.tensor([[0.0, 0.0], [0.25, 1.0]]))
+
+
+def test_cuda_paths_raise_clearly_without_a_gpu() -> None:
+    import pytest
+    import torch
+
+    if _wholemem.cuda_device_count() > 0:
+        pytest.skip("a GPU is visible")
+    idx = torch.tensor([0])
+    out = torch.empty(1, 2)
+    if not _wholemem.cuda_compiled():
+        with pytest.raises(RuntimeError, match="no CUDA support"):
+            _wholemem.Table([1], 1, 1, 2, 2, 1, 2, True)
+        return
+    table = _wholemem.Table([1], 1, 1, 2, 2, 1, 2, True)  # a device chunk table
+    with pytest.raises(RuntimeError, match="CUDA device"):
+        table.gather(int(idx.data_ptr()), True, 1, int(out.data_ptr()))
+    with pytest.raises(RuntimeError, match="CUDA"):
+        _wholemem.ipc_get_handle(1)
