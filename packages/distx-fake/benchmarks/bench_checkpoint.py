@@ -76,17 +76,20 @@ def main() -> None:
         gb = nbytes / 1e9
         ddf = os.path.join(root, "dd.bin")
         count = nbytes // (16 << 20)
-        rm = lambda p: (lambda: shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else None)  # noqa: E731
+        rm = lambda p: lambda: shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else None  # noqa: E731
 
         # --- disk limits -------------------------------------------------------------------
         def dd_write() -> None:
             subprocess.run(
                 ["dd", "if=/dev/zero", f"of={ddf}", "bs=16M", f"count={count}", "oflag=direct", "conv=fsync"],
-                check=True, capture_output=True,
+                check=True,
+                capture_output=True,
             )
 
         def dd_read() -> None:
-            subprocess.run(["dd", f"if={ddf}", "of=/dev/null", "bs=16M", "iflag=direct"], check=True, capture_output=True)
+            subprocess.run(
+                ["dd", f"if={ddf}", "of=/dev/null", "bs=16M", "iflag=direct"], check=True, capture_output=True
+            )
 
         p_ours, p_dcp, p_ts = (os.path.join(root, n) for n in ("ours", "dcp", "ts.pt"))
 
@@ -148,11 +151,23 @@ def main() -> None:
             f"dd iflag=direct {gbps(t_ddr):.3f}"
         )
         r = t_ddw / t_ours_s
-        bench("checkpoint save 1 GiB: distx / disk write limit (dd direct+fsync)", r, ">= 0.8", r >= 0.8,
-              gbps=round(gbps(t_ours_s), 3), disk_gbps=round(gbps(t_ddw), 3))
+        bench(
+            "checkpoint save 1 GiB: distx / disk write limit (dd direct+fsync)",
+            r,
+            ">= 0.8",
+            r >= 0.8,
+            gbps=round(gbps(t_ours_s), 3),
+            disk_gbps=round(gbps(t_ddw), 3),
+        )
         r = t_ddr / t_ours_l
-        bench("checkpoint load 1 GiB cold: distx / disk read limit (dd iflag=direct)", r, ">= 0.8", r >= 0.8,
-              gbps=round(gbps(t_ours_l), 3), disk_gbps=round(gbps(t_ddr), 3))
+        bench(
+            "checkpoint load 1 GiB cold: distx / disk read limit (dd iflag=direct)",
+            r,
+            ">= 0.8",
+            r >= 0.8,
+            gbps=round(gbps(t_ours_l), 3),
+            disk_gbps=round(gbps(t_ddr), 3),
+        )
         r = t_dcp_s / t_ours_s
         bench("checkpoint save 1 GiB: distx / torch.distributed.checkpoint throughput", r, ">= 1.0", r >= 1.0)
         r = t_dcp_l / t_ours_l

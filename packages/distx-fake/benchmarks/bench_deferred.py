@@ -70,11 +70,24 @@ def main() -> None:
         f"peak RSS eager {re_ / 2**20:.0f} MB, deferred {rd / 2**20:.0f} MB; bit-identical + same RNG stream: {same}"
     )
     r = td / te
-    bench(f"deferred_init+materialize {n / 1e6:.0f}M GPT: time / eager", r, "<= 1.3", r <= 1.3 and same,
-          bit_identical=same, seconds=round(td, 3), eager_seconds=round(te, 3))
+    bench(
+        f"deferred_init+materialize {n / 1e6:.0f}M GPT: time / eager",
+        r,
+        "<= 1.3",
+        r <= 1.3 and same,
+        bit_identical=same,
+        seconds=round(td, 3),
+        eager_seconds=round(te, 3),
+    )
     r = rd / re_
-    bench(f"deferred_init+materialize {n / 1e6:.0f}M GPT: peak RSS / eager", r, "<= 1.1", r <= 1.1,
-          mb=round(rd / 2**20), eager_mb=round(re_ / 2**20))
+    bench(
+        f"deferred_init+materialize {n / 1e6:.0f}M GPT: peak RSS / eager",
+        r,
+        "<= 1.1",
+        r <= 1.1,
+        mb=round(rd / 2**20),
+        eager_mb=round(re_ / 2**20),
+    )
 
 
 if __name__ == "__main__":

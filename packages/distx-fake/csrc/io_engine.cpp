@@ -188,6 +188,11 @@ std::vector<uint32_t> write_pieces(int fd, const std::vector<Piece>& pieces, boo
         uint32_t crc = 0;
         for (int64_t at = 0; at < pc.nbytes; at += kIoBlock) {
           int64_t n = std::min(kIoBlock, pc.nbytes - at);
+          if (reinterpret_cast<uintptr_t>(src + at) % kDirectAlign == 0 && n % kDirectAlign == 0) {
+            crc = crc32c(src + at, static_cast<size_t>(n), crc);  // aligned: no bounce copy
+            full_pwrite(fd, src + at, n, pc.offset + at);
+            continue;
+          }
           std::memcpy(b.p, src + at, static_cast<size_t>(n));
           int64_t padded = round_up(n);
           if (padded > n) std::memset(b.p + n, 0, static_cast<size_t>(padded - n));
@@ -220,6 +225,11 @@ std::vector<uint32_t> read_pieces(int fd, const std::vector<Piece>& pieces, bool
         uint32_t crc = 0;
         for (int64_t at = 0; at < pc.nbytes; at += kIoBlock) {
           int64_t n = std::min(kIoBlock, pc.nbytes - at);
+          if (reinterpret_cast<uintptr_t>(dst + at) % kDirectAlign == 0 && n % kDirectAlign == 0) {
+            pread_at_least(fd, dst + at, n, n, pc.offset + at);  // aligned: no bounce copy
+            crc = crc32c(dst + at, static_cast<size_t>(n), crc);
+            continue;
+          }
           pread_at_least(fd, b.p, round_up(n), n, pc.offset + at);
           crc = crc32c(b.p, static_cast<size_t>(n), crc);
           std::memcpy(dst + at, b.p, static_cast<size_t>(n));

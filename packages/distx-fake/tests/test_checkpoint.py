@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from distkit_common.testing import run_spawn
 
+from distkit_common.testing import run_spawn
 from distx_fake import checkpoint as cp
 
 HERE = Path(__file__).parent
@@ -194,7 +194,11 @@ def test_two_rank_save_loads_on_one_and_three_ranks(tmp_path: Path) -> None:
                 "dt": torch.zeros_like(g["dt"]),
                 "dt_rep": torch.zeros_like(g["dt_rep"]),
                 "ls": torch.zeros_like(g["ls"]),
-                "rep": [torch.zeros_like(g["rep_a"]), torch.zeros_like(g["rep_b"]), {"c": torch.zeros_like(g["rep_c"])}],
+                "rep": [
+                    torch.zeros_like(g["rep_a"]),
+                    torch.zeros_like(g["rep_b"]),
+                    {"c": torch.zeros_like(g["rep_c"])},
+                ],
             },
             "step": 0,
             "name": "",

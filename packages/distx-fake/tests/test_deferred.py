@@ -20,7 +20,9 @@ class TinyGPT(nn.Module):
         self.wte = nn.Embedding(vocab, d)
         self.wpe = nn.Parameter(torch.zeros(ctx, d))
         self.encoder = nn.TransformerEncoder(
-            nn.TransformerEncoderLayer(d, 4, dim_feedforward=4 * d, batch_first=True), layers, enable_nested_tensor=False
+            nn.TransformerEncoderLayer(d, 4, dim_feedforward=4 * d, batch_first=True),
+            layers,
+            enable_nested_tensor=False,
         )
         self.ln_f = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
@@ -166,7 +168,9 @@ def test_captured_tensor_modified_after_recording_fails_clearly() -> None:
 
     m = di.deferred_init(build)
     table.add_(1)  # changed in place after recording
-    with pytest.raises(di.CapturedTensorModifiedError, match=r"shape \(3, 4\).*test_deferred.py:\d+ in build.*modified in place"):
+    with pytest.raises(
+        di.CapturedTensorModifiedError, match=r"shape \(3, 4\).*test_deferred.py:\d+ in build.*modified in place"
+    ):
         di.materialize_module(m)
     # unchanged captures are fine
     table2 = table.clone()

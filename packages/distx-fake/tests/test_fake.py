@@ -32,9 +32,8 @@ def test_fake_cuda_flag_is_scoped_and_nestable() -> None:
         with fake.fake_mode(fake_cuda=True):
             x = torch.ones(3, device="cuda")
             y = x * 2 + 1
-            with fake.fake_mode():  # inner block without the flag
-                with pytest.raises(RuntimeError, match="CUDA is not available"):
-                    torch.empty(2, device="cuda")
+            with fake.fake_mode(), pytest.raises(RuntimeError, match="CUDA is not available"):
+                torch.empty(2, device="cuda")  # inner block without the flag
             z = torch.zeros(1, device="cuda:1")
         with pytest.raises(RuntimeError, match="fake_cuda=True"):
             torch.ones(3, device="cuda")  # undone on exit
@@ -97,9 +96,8 @@ def test_mixing_real_tensors_and_views() -> None:
 
 
 def test_bad_input() -> None:
-    with pytest.raises(TypeError, match="fake_cuda must be a bool"):
-        with fake.fake_mode(fake_cuda="yes"):  # type: ignore[arg-type]
-            pass
+    with pytest.raises(TypeError, match="fake_cuda must be a bool"), fake.fake_mode(fake_cuda="yes"):  # type: ignore[arg-type]
+        pass
 
 
 def test_does_not_import_dynamo() -> None:

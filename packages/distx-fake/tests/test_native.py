@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import distkit_common
 import numpy as np
 import pytest
 import torch
 
+import distkit_common
 import distx_fake
 from distx_fake import _distx_fake as nat
 
@@ -90,3 +90,28 @@ def test_mt19937_advance_matches_raw_draws() -> None:
         nat.mt19937_advance(st.data_ptr(), st.numel(), n)
         torch.empty(n).uniform_(generator=g)
         assert torch.equal(st, g.get_state())
+
+
+def test_direct_io_roundtrip_aligned_and_bounced(tmp_path: Path) -> None:
+    path = tmp_path / "d.bin"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+    except OSError:
+        pytest.skip("filesystem without O_DIRECT")
+    raw = torch.randint(0, 256, ((3 << 20) + 8192,), dtype=torch.uint8)
+    shift = (-raw.data_ptr()) % nat.DIRECT_ALIGN
+    aligned = raw[shift : shift + (2 << 20)]  # 4 KiB-aligned pointer and length: no bounce copy
+    odd = raw[shift + 1 : shift + 1 + 12345]  # unaligned pointer and length: bounce buffer + padding
+    assert aligned.data_ptr() % nat.DIRECT_ALIGN == 0
+    try:
+        crcs = nat.write_pieces(
+            fd, [(aligned.data_ptr(), aligned.numel(), 0), (odd.data_ptr(), odd.numel(), 2 << 20)], True
+        )
+        a2, o2 = torch.zeros_like(aligned), torch.zeros(12345, dtype=torch.uint8)
+        back = nat.read_pieces(fd, [(a2.data_ptr(), a2.numel(), 0), (o2.data_ptr(), 12345, 2 << 20)], True)
+        with pytest.raises(ValueError, match="multiples of 4096"):
+            nat.read_pieces(fd, [(o2.data_ptr(), 10, 100)], True)
+    finally:
+        os.close(fd)
+    assert crcs == back == [nat.crc32c(aligned.numpy().tobytes()), nat.crc32c(odd.numpy().tobytes())]
+    assert torch.equal(a2, aligned) and torch.equal(o2, odd)

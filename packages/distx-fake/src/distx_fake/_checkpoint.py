@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from distkit_common import dtypes as dk_dtypes
 
 from . import _distx_fake as _native
@@ -58,7 +59,7 @@ FORMAT = "distx-fake-checkpoint"
 VERSION = 1
 METADATA = "metadata.json"
 _ALIGN = 4096
-_BATCH_BYTES = 256 << 20  # one native call (and one progress update) per ~256 MiB
+_BATCH_BYTES = 512 << 20  # one native call (and one progress update) per ~512 MiB
 
 
 class _Skip:
@@ -158,9 +159,7 @@ class FileSystemReader:
         buffered reads where the filesystem refuses it).
     """
 
-    def __init__(
-        self, path: str | os.PathLike[str], *, progress: bool | None = None, direct: bool = True
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, progress: bool | None = None, direct: bool = True) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or PathLike, got {type(path).__name__}")
         self.path = os.path.abspath(os.fspath(path))
@@ -368,9 +367,7 @@ def _plan(state_dict: dict[Any, Any], comm: _Comm) -> tuple[list[_Item], dict[st
     return mine, values
 
 
-def _write_rank_file(
-    fname: str, items: list[_Item], writer: FileSystemWriter, bar: Any
-) -> list[dict[str, Any]]:
+def _write_rank_file(fname: str, items: list[_Item], writer: FileSystemWriter, bar: Any) -> list[dict[str, Any]]:
     """Write this rank's chunks into one file; return their metadata."""
     chunks: list[dict[str, Any]] = []
     fd, direct = _open(fname, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, writer.direct)
@@ -563,9 +560,7 @@ def _write_metadata(
             )
             if e["dtype"] != c["dtype"] or e["shape"] != c["global_shape"]:
                 raise ValueError(f"ranks disagree on dtype/shape of {_name(tuple(c['path']))!r}")
-            e["chunks"].append(
-                {"file": c["file"], "offsets": c["offsets"], "sizes": c["sizes"], "pieces": c["pieces"]}
-            )
+            e["chunks"].append({"file": c["file"], "offsets": c["offsets"], "sizes": c["sizes"], "pieces": c["pieces"]})
     for k, v in values.items():
         entries[k] = {"path": v["path"], "kind": "value", "value": v["value"]}
     meta = {
@@ -618,7 +613,7 @@ class _Files:
         fd, direct = self._get(name)
         if direct and any(t[2] % _ALIGN for t in tuples):
             direct = False  # not written by this package's aligned layout: read buffered
-        return _native.read_pieces(fd, tuples, direct)  # type: ignore[no-any-return]
+        return _native.read_pieces(fd, tuples, direct)
 
     def close(self) -> None:
         for fd, _ in self.fds.values():
@@ -635,9 +630,7 @@ def _verify(name: str, chunk: dict[str, Any], pieces: list[list[Any]], crcs: lis
             )
 
 
-def _read_range(
-    files: _Files, name: str, chunk: dict[str, Any], b0: int, b1: int
-) -> tuple[torch.Tensor, int]:
+def _read_range(files: _Files, name: str, chunk: dict[str, Any], b0: int, b1: int) -> tuple[torch.Tensor, int]:
     """Read the pieces of ``chunk`` covering chunk bytes [b0, b1), verified; return (buffer, start)."""
     sel: list[list[Any]] = []
     pos = 0
@@ -716,9 +709,7 @@ def load_state_dict(
             raise ValueError(f"{_name(path)!r} is a value in the checkpoint but a tensor in state_dict")
         dest, gshape, off = tgt
         if list(gshape) != list(entry["shape"]):
-            raise ValueError(
-                f"{_name(path)!r}: checkpoint shape {tuple(entry['shape'])} != state_dict shape {gshape}"
-            )
+            raise ValueError(f"{_name(path)!r}: checkpoint shape {tuple(entry['shape'])} != state_dict shape {gshape}")
         if dk_dtypes.dtype_name(dest.dtype) != entry["dtype"]:
             raise ValueError(f"{_name(path)!r}: checkpoint dtype {entry['dtype']} != state_dict dtype {dest.dtype}")
         plan.append((path, entry, dest, off))

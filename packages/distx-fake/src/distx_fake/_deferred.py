@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
-
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from . import _rng
@@ -202,10 +201,7 @@ class _Graph:
             kwargs = dict(kwargs)
             kwargs["device"] = device
         with _disable_current_modes(), torch.no_grad():
-            if node.rng is not None:
-                out = _rng.replay(node.rng, func, args, kwargs)
-            else:
-                out = func(*args, **kwargs)
+            out = _rng.replay(node.rng, func, args, kwargs) if node.rng is not None else func(*args, **kwargs)
         fakes = _leaves(node.outs)
         reals = _leaves(out)
         for f, r in zip(fakes, reals):
@@ -216,12 +212,12 @@ class _Graph:
 
 
 class _Recorder(TorchDispatchMode):
-
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         # do not wrap __torch_dispatch__ in torch._dynamo.disable: that imports torch._dynamo
         # (~70 MB, 1.5-3 s) on first use, and this mode is never traced
         return False
+
     def __init__(self, graph: _Graph) -> None:
         super().__init__()
         self.graph = graph
@@ -350,12 +346,11 @@ def materialize_tensor(tensor: torch.Tensor, *, device: Any = None) -> torch.Ten
     dev = _check_device(device)
     cached = tensor.__dict__.get("_distx_mat")
     if cached is not None:
-        return cached  # type: ignore[no-any-return]
+        return cached
     graph = _graph_of(tensor)
     if graph is None:
         raise ValueError(
-            "this fake tensor was not created by deferred_init (e.g. it comes from fake_mode) "
-            "and has nothing to replay"
+            "this fake tensor was not created by deferred_init (e.g. it comes from fake_mode) and has nothing to replay"
         )
     real = graph.materialize(tensor, dev)
     out: torch.Tensor

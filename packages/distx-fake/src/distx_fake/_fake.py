@@ -61,7 +61,7 @@ class FakeTensor(torch.Tensor):
             requires_grad=elem.requires_grad,
         )
         r._elem = elem
-        return r  # type: ignore[no-any-return]
+        return r
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         parts = [f"size={tuple(self.shape)}"]
@@ -90,7 +90,7 @@ class FakeTensor(torch.Tensor):
     def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
         # a clone through the dispatcher (so deferred_init records it), keeping Parameter-ness
         if id(self) in memo:
-            return memo[id(self)]  # type: ignore[no-any-return]
+            return memo[id(self)]
         with torch.no_grad():
             new = self.clone(memory_format=torch.preserve_format)
         if getattr(self, "_is_param", False):
@@ -104,7 +104,7 @@ class FakeTensor(torch.Tensor):
         return self._elem.untyped_storage()
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
         return run_fake(func, args, kwargs or {})
 
 

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
 from torch.utils._python_dispatch import _disable_current_modes
 
 from . import _distx_fake as _native
@@ -132,9 +131,7 @@ def _op_device(args: Any, kwargs: Any) -> torch.device:
 def _inplace(func: Any) -> bool:
     schema = func._schema
     return bool(
-        schema.arguments
-        and schema.arguments[0].alias_info is not None
-        and schema.arguments[0].alias_info.is_write
+        schema.arguments and schema.arguments[0].alias_info is not None and schema.arguments[0].alias_info.is_write
     )
 
 

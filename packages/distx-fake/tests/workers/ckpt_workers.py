@@ -7,10 +7,10 @@ import os
 
 import torch
 import torch.distributed as dist
-from distkit_common.testing import init_process_group
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
+from distkit_common.testing import init_process_group
 from distx_fake import checkpoint as cp
 
 ROWS_DT, ROWS_LS = 10, 11
