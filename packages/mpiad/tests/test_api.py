@@ -122,3 +122,30 @@ def test_allreduce_out_parameter() -> None:
         comm.Allreduce(x, mpiad.MPI_SUM, out=torch.empty(3))
     with pytest.raises(ValueError, match="out= is only supported"):
         comm.Allreduce(x.clone().requires_grad_(), mpiad.MPI_SUM, out=out)
+
+
+def test_large_outputs_reuse_only_unreferenced_buffers() -> None:
+    comm = mpiad.COMM_WORLD
+    x = torch.rand(1 << 19)  # 2 MiB: pooled
+    a = comm.Allreduce(x, mpiad.MPI_SUM)
+    pa = a.data_ptr()
+    b = comm.Allreduce(x, mpiad.MPI_SUM)
+    assert b.data_ptr() != pa  # a still alive
+    del a
+    d = comm.Allreduce(x, mpiad.MPI_SUM)
+    assert d.data_ptr() == pa and torch.equal(d, x)  # a's memory came back
+    view = d[10:]
+    del d
+    assert comm.Allreduce(x, mpiad.MPI_SUM).data_ptr() != pa  # a view keeps it
+    del view
+    arr = comm.Allreduce(x, mpiad.MPI_SUM).numpy()
+    assert comm.Allreduce(x, mpiad.MPI_SUM).data_ptr() != arr.__array_interface__["data"][0]
+    w = torch.ones(1 << 19, requires_grad=True)
+    g = comm.Allreduce(x, mpiad.MPI_SUM)
+    pg = g.data_ptr()
+    y = g * w  # autograd saves g
+    del g
+    assert comm.Allreduce(x, mpiad.MPI_SUM).data_ptr() != pg
+    y.sum().backward()
+    assert torch.equal(w.grad, x)
+    mpiad.empty_cache()

@@ -27,7 +27,7 @@ from ._constants import (
     MPI_SUM,
 )
 from ._p2p import WaitHandle
-from ._raw import cuda_aware, deactivate_cuda_aware_mpi_support, debug_enabled, set_debug
+from ._raw import cuda_aware, deactivate_cuda_aware_mpi_support, debug_enabled, empty_cache, set_debug
 from ._version import __version__
 
 #: The world communicator (``MPI_COMM_WORLD``).
@@ -57,5 +57,6 @@ __all__ = [
     "cuda_aware",
     "deactivate_cuda_aware_mpi_support",
     "debug_enabled",
+    "empty_cache",
     "set_debug",
 ]

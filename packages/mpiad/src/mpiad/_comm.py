@@ -141,12 +141,13 @@ class Communicator:
             and not _is_compiling()
         ):
             # the latency fast path: no autograd, no staging, no copies
+            n = tensor.numel()
+            nbytes = n * tensor.element_size()
             if out is None:
-                out = torch.empty_like(tensor)
+                out = torch.empty_like(tensor) if nbytes < _raw.POOL_MIN_BYTES else _raw.new_output(tensor)
             else:
                 _check_out(out, tensor)
-            n = tensor.numel()
-            algo = _raw.large_algo(self._handle) if n * tensor.element_size() >= _raw.LARGE_BYTES else 0
+            algo = _raw.large_algo(self._handle) if nbytes >= _raw.LARGE_BYTES else 0
             _allreduce(self._handle, tensor.data_ptr(), out.data_ptr(), n, _CODE[tensor.dtype], op, algo)
             return out
         t = _raw.check_tensor(tensor)
