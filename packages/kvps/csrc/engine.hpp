@@ -538,7 +538,13 @@ class Engine {
   void register_request(int64_t ts, std::shared_ptr<Request> req, int worker) {
     std::lock_guard<std::mutex> lk(req_mu_);
     reqs_[ts] = std::move(req);
-    if (worker >= 0) worker_ts_[worker].push_back(ts);
+    if (worker < 0) return;
+    auto& v = worker_ts_[worker];
+    v.push_back(ts);
+    if (v.size() >= 4096 && (v.size() & 4095) == 0) {
+      // forget timestamps already waited for (sync calls never reach waitall)
+      v.erase(std::remove_if(v.begin(), v.end(), [&](int64_t t) { return reqs_.find(t) == reqs_.end(); }), v.end());
+    }
   }
 
   void post(Cmd&& c) {
