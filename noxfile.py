@@ -288,6 +288,15 @@ def _check_wheel(session: nox.Session, wheel: Path, pkg: str, ver: str) -> None:
         missing.append(f"{imp}/_{imp}.pyi")
     if missing:
         session.error(f"{wheel.name} lacks {missing}")
+    # no libtorch link: one wheel serves every supported torch release
+    with zipfile.ZipFile(wheel) as zf:
+        for name in (n for n in names if n.endswith(".so")):
+            tmp = Path(session.create_tmp()) / Path(name).name
+            tmp.write_bytes(zf.read(name))
+            needed = session.run("readelf", "-d", str(tmp), silent=True, external=True) or ""
+            bad = [lib for lib in ("libtorch", "libc10", "libtorch_python") if lib in str(needed)]
+            if bad:
+                session.error(f"{wheel.name}: {name} links {bad}; extensions must not link libtorch")
     meta = zipfile.ZipFile(wheel).read(f"{wheel.name.split('-')[0]}-{ver}.dist-info/METADATA").decode()
     if f"Version: {ver}" not in meta:
         session.error(f"{wheel.name}: metadata version is not {ver}")
