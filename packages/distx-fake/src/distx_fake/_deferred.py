@@ -58,7 +58,7 @@ class _Captured:
     tensor: torch.Tensor
     version: int
     where: str
-    op: str
+    op: Any
 
     def check(self) -> torch.Tensor:
         now = self.tensor._version
@@ -117,7 +117,7 @@ class _Graph:
     # --- recording -------------------------------------------------------------------------
     def record(self, func: Any, args: Any, kwargs: Any, out: Any, rng: _rng.Snapshot | None) -> None:
         in_keys: list[int] = []
-        op = str(func)
+        op = func
 
         def capture(x: Any) -> Any:
             if isinstance(x, FakeTensor):
