@@ -37,6 +37,17 @@ def timeit(fn: Callable[[], Any], reps: int) -> float:
     return statistics.median(times)
 
 
+def compare(fa: Callable[[], Any], fb: Callable[[], Any], reps: int) -> tuple[float, float]:
+    """Best wall times of ``fa`` and ``fb``, measured interleaved (a, b, a, b, ...) so that load
+    changes on a shared machine hit both alike (the minimum is the least noisy estimate there)."""
+    ta: list[float] = []
+    tb: list[float] = []
+    for _ in range(reps):
+        ta.append(timeit(fa, 1))
+        tb.append(timeit(fb, 1))
+    return min(ta), min(tb)
+
+
 def _status(key: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import bench_line, finish, init, peak_extra_bytes, timeit
+from _common import bench_line, compare, finish, init, peak_extra_bytes
 
 import shardlayers as ts
 
@@ -59,8 +59,7 @@ def main() -> None:
     mem_ours = peak_extra_bytes(ours)
     gc.collect()
     mem_theirs = peak_extra_bytes(theirs)
-    t_ours = timeit(ours, 5)
-    t_theirs = timeit(theirs, 5)
+    t_ours, t_theirs = compare(ours, theirs, 7)
     if rank == 0:
         tag = f"N={n} x V={v}, 2 ranks"
         print(

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import bench_line, finish, init, timeit
+from _common import bench_line, compare, finish, init
 
 import shardlayers as ts
 
@@ -56,8 +56,7 @@ def main() -> None:
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-4), (a - b).abs().max()
     run(ours)
     run(theirs)
-    t_ours = min(timeit(lambda: run(ours), 5), timeit(lambda: run(ours), 5))
-    t_theirs = min(timeit(lambda: run(theirs), 5), timeit(lambda: run(theirs), 5))
+    t_ours, t_theirs = compare(lambda: run(ours), lambda: run(theirs), 15)
     if rank == 0:
         print(f"# shardlayers {t_ours * 1e3:.1f} ms, DTensor {t_theirs * 1e3:.1f} ms")
         print(

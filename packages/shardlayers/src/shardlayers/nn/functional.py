@@ -22,6 +22,10 @@ from ..distributed._ops import group_info
 __all__ = ["parallel_cross_entropy", "parallel_embedding", "parallel_linear"]
 
 
+#: Overlap the column-parallel input-gradient all-reduce with the weight-gradient matmul.
+OVERLAP_GRAD_ALLREDUCE = True
+
+
 def _is_column_tag(t: torch.Tensor) -> bool:
     return getattr(t, _PARALLEL_DIM, None) in (1, -1)
 
@@ -59,11 +63,11 @@ class _ColumnLinear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_in = g.matmul(weight)
             if p > 1 and ctx.seq_dim is None:
-                handle = dist.all_reduce(grad_in, group=group, async_op=True)
+                handle = dist.all_reduce(grad_in, group=group, async_op=OVERLAP_GRAD_ALLREDUCE)
         g2 = g.reshape(-1, g.shape[-1])
         grad_w = g2.t().matmul(total.reshape(-1, total.shape[-1])) if ctx.needs_input_grad[1] else None
         grad_b = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        if handle is not None:
+        if handle is not None and OVERLAP_GRAD_ALLREDUCE:
             handle.wait()
         if grad_in is not None and ctx.seq_dim is not None:
             grad_in = _ops.reduce_scatter(grad_in, ctx.seq_dim, group, ctx.sizes)
