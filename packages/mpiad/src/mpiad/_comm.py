@@ -133,6 +133,17 @@ class Communicator:
         """
         if (
             type(tensor) is torch.Tensor
+            and tensor.requires_grad
+            and out is None
+            and (op, tensor.dtype) in _VALID
+            and tensor.layout == torch.strided
+            and torch.is_grad_enabled()
+            and not _is_compiling()
+        ):
+            # autograd with already validated arguments
+            return F.Allreduce.apply(tensor, self._handle, self._rank, self._size, op)
+        if (
+            type(tensor) is torch.Tensor
             and not _raw._debug
             and not tensor.requires_grad
             and tensor.is_cpu
