@@ -321,9 +321,8 @@ class Communicator:
             Bad tensor, axis, root or numelem; ``numelem`` not adding up (on every rank).
         """
         t = _raw.check_tensor(tensor)
+        # range-checked after the size exchange, against root's tensor, on every rank
         axis = _raw.check_int(scatteraxis, "scatteraxis")
-        if self._rank == root or axis < 0:
-            axis = _raw.check_axis(axis, "scatteraxis", t.dim())
         numelem = _raw.check_int(numelem, "numelem")
         if numelem < 0:
             raise ValueError(f"numelem must be >= 0, got {numelem}")

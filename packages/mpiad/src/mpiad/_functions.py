@@ -136,9 +136,10 @@ class Allgather(torch.autograd.Function):
 class Scatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, comm: int, rank: int, axis: int, numelem: int, root: int) -> Tensor:
-        ctx.args = (comm, rank, axis, root)
         ctx.like = (x.shape, x.dtype, x.device)
-        return _raw.scatter(comm, x, axis, numelem, root, rank)
+        y = _raw.scatter(comm, x, axis, numelem, root, rank)
+        ctx.args = (comm, rank, axis % y.dim(), root)
+        return y
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:

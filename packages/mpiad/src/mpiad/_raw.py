@@ -435,8 +435,9 @@ def scatter(comm: int, t: Tensor, axis: int, numelem: int, root: int, rank: int)
     check_signatures([x[:-1] for x in sigs], shapes=False)  # op, dtype, axis, root agree
     rsig = sigs[root]
     ndim = rsig[2]
-    if not 0 <= axis < ndim:
+    if not -ndim <= axis < ndim:
         raise ValueError(f"Scatter: scatteraxis = {axis} is out of range for root's {ndim}-d tensor")
+    axis %= ndim
     shape = list(rsig[3 : 3 + ndim])
     numelems = [s[-1] for s in sigs]
     if any(n < 0 for n in numelems) or sum(numelems) != shape[axis]:

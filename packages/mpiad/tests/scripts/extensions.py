@@ -208,7 +208,6 @@ if rank == 0:  # only rank 0: if any of these communicated, the job would hang
     raises(ValueError, lambda: comm.Gather(t, 0, size), "root")
     raises(ValueError, lambda: comm.Allgather(t.view(1, 3), 2), "gatheraxis = 2")
     raises(ValueError, lambda: comm.Scatter(t, 0, -1, 0), "numelem")
-    raises(ValueError, lambda: comm.Scatter(t, 3, 1, 0), "scatteraxis = 3")
     raises(ValueError, lambda: comm.Scatter(t, 0, 1, size), "root")
     raises(ValueError, lambda: comm.Alltoall(t, 0, 1, 1), "scatteraxis = 1")
     raises(ValueError, lambda: comm.Alltoall(t, 0, 0, -2), "numelem")
@@ -230,6 +229,15 @@ W.Barrier()
 
 # errors needing the other ranks' arguments: raised on every rank, before the data moves
 raises(ValueError, lambda: comm.Scatter(torch.ones(size + 1), 0, 1, 0), "numelem", "sum to")
+raises(ValueError, lambda: comm.Scatter(torch.ones(size), 3, 1, 0), "scatteraxis = 3", "root's 1-d")
+# negative scatteraxis, resolved against root's tensor (non-roots pass a 1-d placeholder)
+src = torch.arange(2.0 * size).view(2, size) if rank == 0 else torch.empty(1)
+xg = src.clone().requires_grad_()
+sc = comm.Scatter(xg, -1, 1, 0)
+assert torch.equal(sc, torch.tensor([[float(rank)], [float(size + rank)]]))
+(sc * (rank + 1)).sum().backward()
+want = torch.arange(1.0, size + 1).repeat(2, 1) if rank == 0 else torch.zeros(1)
+assert torch.equal(xg.grad, want), xg.grad
 raises(ValueError, lambda: comm.Alltoall(torch.ones(2, size + 1), 0, 1, 1), "numelem", "sum to")
 raises(ValueError, lambda: comm.Reduce_scatter(torch.ones(size), S.MPI_SUM, 0, 2 if rank == 0 else 1), "sum to")
 raises(RuntimeError, lambda: comm.Gather(torch.ones(2, 2 + rank), 0, 0), "mismatching")
