@@ -84,6 +84,27 @@ def test_roundtrip_all_kinds(tmp_path: Path) -> None:
     cp.load_state_dict({"model": {"w": dst}}, cp.FileSystemReader(tmp_path / "ck"))
     cp.load_state_dict({"model": {"w": part}}, cp.FileSystemReader(tmp_path / "ck"))
     assert torch.equal(dst, w) and torch.equal(part.tensor, w[150:250])
+    # a column shard (a box restricted along dim 1) and a block of a column-sharded checkpoint
+    cols = cp.LocalShard(torch.zeros(300, 20), (300, 70), (0, 30))
+    cp.load_state_dict({"model": {"w": cols}}, cp.FileSystemReader(tmp_path / "ck"))
+    assert torch.equal(cols.tensor, w[:, 30:50])
+    left = cp.LocalShard(w[:, :35].clone(), (300, 70), (0, 0))
+    right = cp.LocalShard(w[:, 35:].clone(), (300, 70), (0, 35))
+    cp.save_state_dict({"left": left, "right": right}, cp.FileSystemWriter(tmp_path / "cols", piece_bytes=4096))
+    block = cp.LocalShard(torch.zeros(50, 20), (300, 70), (100, 25))
+    cp.load_state_dict({"left": block}, cp.FileSystemReader(tmp_path / "cols"), no_dist=True)
+    assert torch.equal(block.tensor[:, :10], w[100:150, 25:35])  # the part held by "left"
+    assert torch.equal(block.tensor[:, 10:], torch.zeros(50, 10))
+
+
+def test_progress_bar_only_when_asked_or_on_a_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sd = {"w": torch.arange(1 << 16, dtype=torch.float32)}
+    cp.save_state_dict(sd, cp.FileSystemWriter(tmp_path / "q"))  # stderr is not a terminal: quiet
+    assert capsys.readouterr().err == ""
+    cp.save_state_dict(sd, cp.FileSystemWriter(tmp_path / "p", progress=True))
+    cp.load_state_dict({"w": torch.zeros(1 << 16)}, cp.FileSystemReader(tmp_path / "p", progress=True))
+    err = capsys.readouterr().err
+    assert "save" in err and "load" in err and "262k/262k" in err  # 2**18 bytes, unit-scaled
 
 
 def test_metadata_is_json_and_loading_never_unpickles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
