@@ -243,6 +243,12 @@ def test_bad_input(tmp_path: Path) -> None:
         cp.save_state_dict({(1, 2): torch.ones(1)}, w)  # type: ignore[dict-item]
     with pytest.raises(TypeError, match="uint16|dtype"):
         cp.save_state_dict({"u": torch.ones(2, dtype=torch.uint16)}, w)
+    with pytest.raises(TypeError, match="state_dict must be a dict"):
+        cp.async_save_state_dict(3, w)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="FileSystemWriter"):
+        cp.async_save_state_dict({}, "x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="FileSystemReader"):
+        cp.load_state_dict({}, w)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="piece_bytes"):
         cp.FileSystemWriter(tmp_path, piece_bytes=1000)
     with pytest.raises(TypeError, match="path must be"):

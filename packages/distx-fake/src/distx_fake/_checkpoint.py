@@ -85,6 +85,13 @@ class LocalShard:
         Shape of the whole tensor.
     offsets : sequence of int
         Global index of ``tensor[0, 0, ...]``.
+
+    Raises
+    ------
+    TypeError
+        If ``tensor`` is not a tensor.
+    ValueError
+        If the box does not fit in ``global_shape`` or the ranks differ.
     """
 
     tensor: torch.Tensor
@@ -123,6 +130,13 @@ class FileSystemWriter:
         Write with ``O_DIRECT`` through aligned bounce buffers (default True; falls back to
         buffered I/O where the filesystem refuses it). Bypasses the page cache like ``dd
         oflag=direct``, so the final fsync has nothing left to flush.
+
+    Raises
+    ------
+    TypeError
+        If ``path`` is not a path.
+    ValueError
+        If ``piece_bytes`` is not a positive multiple of 4096.
     """
 
     def __init__(
@@ -157,6 +171,11 @@ class FileSystemReader:
     direct : bool, optional
         Read with ``O_DIRECT`` through aligned bounce buffers (default True; falls back to
         buffered reads where the filesystem refuses it).
+
+    Raises
+    ------
+    TypeError
+        If ``path`` is not a path.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, progress: bool | None = None, direct: bool = True) -> None:
