@@ -169,7 +169,17 @@ class Embedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, optimizer={self.optimizer}, type={self.weight!r:.60}"
 
     def forward(self, indices: Any) -> torch.Tensor:
-        """Rows ``indices`` (1-D) of the table, differentiable."""
+        """Rows ``indices`` (1-D) of the table, differentiable (collective for NCCL tables).
+
+        Raises
+        ------
+        IndexError
+            An index outside ``[0, num_embeddings)``.
+        TypeError
+            Indices that are not int32 / int64.
+        RuntimeError
+            Library finalized or communicator destroyed.
+        """
         idx = _indices(indices, self.num_embeddings)
         out: torch.Tensor = _Lookup.apply(self._anchor, idx, self)
         return out
