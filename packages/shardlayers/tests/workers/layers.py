@@ -232,6 +232,21 @@ def check_state_dict_and_convert(p: int, r: int) -> None:
     e = ts.nn.ParallelEmbedding(8, 4, dim=0)
     e._parameters["weight"] = nn.Parameter(torch.zeros_like(e.weight))
     assert ts.get_parallel_dim(e.weight) == 0
+    # torch.func.functional_call swaps tensors into _parameters (the tools' training job does this)
+    xs = torch.randn(2, 6)
+    params = {k: v * 1.0 for k, v in m.named_parameters()}
+    close(torch.func.functional_call(m, params, (xs,)), m(xs), 0, 0, "functional_call")
+    assert ts.get_parallel_dim(m.weight) == -1 and isinstance(m.weight, nn.Parameter)
+    # RNG tracker: the model-parallel stream differs between TP ranks, the default one does not
+    ts.random.manual_seed(11)
+    with ts.random.get_rng_tracker().fork():
+        local = torch.rand(3)
+    shared = torch.rand(3)
+    both = [torch.empty(6) for _ in range(p)]
+    torch.distributed.all_gather(both, torch.cat([local, shared]), group=ts.distributed.get_group())
+    for other_rank, other in enumerate(both):
+        assert torch.equal(other[3:], shared)
+        assert torch.equal(other[:3], local) == (other_rank == r)
     # relocate with the wrong full shape
     bad = dict(full)
     bad["0.weight"] = torch.zeros(9, 7)
