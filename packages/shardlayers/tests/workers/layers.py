@@ -84,9 +84,20 @@ def check_megatron(p: int, r: int) -> None:
     colg = ts.nn.ColumnParallelLinear(6, 10, gather_output=True, uneven=True, dtype=d)
     colg.load_state_dict(col.state_dict())
     x = torch.randn(4, 3, 6, dtype=d)  # [s, b, h]
+    ln_ref = nn.LayerNorm(6, dtype=d)
+    ln_sp = ts.nn.SequenceParallelLayerNorm(6, dtype=d)
+    with torch.no_grad():
+        ln_ref.weight.uniform_(0.5, 1.5)
+        ln_sp.weight.copy_(ln_ref.weight)
     xr = x.clone().requires_grad_(True)
     yr = ref2(F.gelu(ref1(xr)))
     yr.square().sum().backward()
+    # sequence-parallel layer norm: replicated affine parameters get the full gradient
+    xl = shard(x, 0, p, r)
+    ln_ref(x).square().sum().backward()
+    ln_sp(xl).square().sum().backward()
+    close(ln_sp.weight.grad, ln_ref.weight.grad, what="sp layernorm dw")
+    close(ln_sp.bias.grad, ln_ref.bias.grad, what="sp layernorm db")
     # gather_output gives the full output
     close(colg(x), ref1(x), what="gather_output")
     for sp in (False, True):

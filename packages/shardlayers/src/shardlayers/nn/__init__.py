@@ -5,7 +5,7 @@ from __future__ import annotations
 from . import functional, init
 from ._embedding import ParallelEmbedding, convert_parallel_embedding
 from ._linear import ColumnParallelLinear, ParallelLinear, RowParallelLinear, convert_parallel_linear
-from ._loss import ParallelCrossEntropyLoss, RegisterParallelDim
+from ._loss import ParallelCrossEntropyLoss, RegisterParallelDim, SequenceParallelLayerNorm
 
 __all__ = [
     "ColumnParallelLinear",
@@ -14,6 +14,7 @@ __all__ = [
     "ParallelLinear",
     "RegisterParallelDim",
     "RowParallelLinear",
+    "SequenceParallelLayerNorm",
     "convert_parallel_embedding",
     "convert_parallel_linear",
     "functional",
