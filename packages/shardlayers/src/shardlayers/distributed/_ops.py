@@ -33,7 +33,10 @@ def exchange_sizes(n: int, group: Any) -> list[int]:
     p = _size(group)
     if p == 1:
         return [n]
-    t = torch.tensor([n], dtype=torch.int64)
+    device = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":  # NCCL only moves device memory
+        device = torch.device("cuda", torch.cuda.current_device())
+    t = torch.tensor([n], dtype=torch.int64, device=device)
     out = [torch.empty_like(t) for _ in range(p)]
     dist.all_gather(out, t, group=group)
     return [int(o.item()) for o in out]
