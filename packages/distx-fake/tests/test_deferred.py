@@ -116,6 +116,29 @@ def test_materialize_tensor_semantics() -> None:
     assert not isinstance(buf, nn.Parameter) and torch.isinf(buf[0, 1]) and buf[1, 0] == 0
 
 
+def test_plain_tensor_attributes_and_memory_release() -> None:
+    import gc
+    import weakref
+
+    def build() -> nn.Module:
+        lin = nn.Linear(4, 4)
+        lin.table = torch.randn(6) * 2  # a plain attribute, neither parameter nor buffer
+        return lin
+
+    torch.manual_seed(8)
+    eager = build()
+    torch.manual_seed(8)
+    m = di.deferred_init(build)
+    di.materialize_module(m)
+    gc.collect()
+    table = di.materialize_tensor(m.table)  # the graph is still reachable from the attribute
+    assert torch.equal(table, eager.table) and torch.equal(m.weight, eager.weight)
+    # once materialized and dropped, real data is freed without waiting for the cycle collector
+    probe = weakref.ref(table)
+    del table, m
+    assert probe() is None
+
+
 def test_item_and_data_dependent_init() -> None:
     def build() -> nn.Module:
         lin = nn.Linear(16, 16)

@@ -23,7 +23,6 @@ would advance it (see :mod:`._rng`), so code after ``deferred_init`` sees the sa
 from __future__ import annotations
 
 import traceback
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -132,11 +131,12 @@ class _Graph:
         node = _Node(len(self.nodes), func, cargs, ckwargs, out, rng, tuple(dict.fromkeys(in_keys)))
         self.nodes.append(node)
         written: dict[int, None] = {}
-        ref = weakref.ref(self)
         for o in _leaves(out):
             if isinstance(o, FakeTensor):
                 written[_storage_key(o)] = None
-                o._distx_graph = ref  # type: ignore[attr-defined]
+                # strong: the graph lives as long as any tensor it can materialize (done nodes
+                # drop their tensors, so no cycle keeps real data alive)
+                o._distx_graph = self  # type: ignore[attr-defined]
         schema = getattr(func, "_schema", None)
         if schema is not None:
             for i, a in enumerate(schema.arguments):
@@ -262,10 +262,6 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
     graph = _Graph()
     with _fake_ctx(True), _Recorder(graph):
         module = module_fn(*args, **kwargs)
-    # keep the graph alive as long as any of its fake tensors
-    for t in _tensors_of(module) if isinstance(module, torch.nn.Module) else ():
-        if isinstance(t, FakeTensor) and "_distx_graph" in t.__dict__:
-            t._distx_graph_strong = graph  # type: ignore[attr-defined]
     return module
 
 
@@ -278,8 +274,7 @@ def _tensors_of(module: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def _graph_of(t: torch.Tensor) -> _Graph | None:
-    ref = t.__dict__.get("_distx_graph")
-    return ref() if ref is not None else None
+    return t.__dict__.get("_distx_graph")
 
 
 def is_deferred(obj: torch.Tensor | torch.nn.Module) -> bool:
