@@ -249,6 +249,14 @@ def test_bad_input(tmp_path: Path) -> None:
         cp.async_save_state_dict({}, "x")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="FileSystemReader"):
         cp.load_state_dict({}, w)  # type: ignore[arg-type]
+    from distx_fake import fake
+
+    with fake.fake_mode():
+        f = torch.ones(3)
+    with pytest.raises(TypeError, match="'f' is a fake/meta tensor without data"):
+        cp.save_state_dict({"f": f}, w)
+    with pytest.raises(TypeError, match="'m' is a fake/meta tensor"):
+        cp.save_state_dict({"m": torch.empty(2, device="meta")}, w)
     with pytest.raises(ValueError, match="piece_bytes"):
         cp.FileSystemWriter(tmp_path, piece_bytes=1000)
     with pytest.raises(TypeError, match="path must be"):

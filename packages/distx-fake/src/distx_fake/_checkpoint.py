@@ -44,6 +44,7 @@ import torch.distributed as dist
 from distkit_common import dtypes as dk_dtypes
 
 from . import _distx_fake as _native
+from ._fake import is_fake
 
 __all__ = [
     "CheckpointCorruptionError",
@@ -358,6 +359,14 @@ def _as_bytes_view(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous()
 
 
+def _check_has_data(path: PathT, t: torch.Tensor) -> None:
+    if is_fake(t) or t.device.type == "meta":
+        raise TypeError(
+            f"state dict entry {_name(path)!r} is a fake/meta tensor without data; "
+            "materialize it first (deferred_init.materialize_module)"
+        )
+
+
 def _plan(state_dict: dict[Any, Any], comm: _Comm) -> tuple[list[_Item], dict[str, Any]]:
     """Split the local state dict into the tensors this rank writes and the JSON values."""
     mine: list[_Item] = []
@@ -369,6 +378,7 @@ def _plan(state_dict: dict[Any, Any], comm: _Comm) -> tuple[list[_Item], dict[st
             if item.tensor.is_sparse or item.tensor.layout != torch.strided:
                 raise TypeError(f"state dict entry {_name(path)!r}: only dense (strided) tensors are supported")
             dk_dtypes.code_of(item.tensor.dtype)  # raises for unsupported dtypes
+            _check_has_data(path, item.tensor)
             (replicated if item.replicated else mine).append(item)
         elif isinstance(v, (torch.Tensor, _Skip)) or _is_dtensor(v):
             continue  # a DTensor box duplicated on another rank
@@ -727,6 +737,7 @@ def load_state_dict(
         if entry["kind"] != "tensor":
             raise ValueError(f"{_name(path)!r} is a value in the checkpoint but a tensor in state_dict")
         dest, gshape, off = tgt
+        _check_has_data(path, dest)
         if list(gshape) != list(entry["shape"]):
             raise ValueError(f"{_name(path)!r}: checkpoint shape {tuple(entry['shape'])} != state_dict shape {gshape}")
         if dk_dtypes.dtype_name(dest.dtype) != entry["dtype"]:
