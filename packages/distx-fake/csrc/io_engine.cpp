@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <functional>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -139,6 +141,33 @@ struct Bounce {
   Bounce& operator=(const Bounce&) = delete;
 };
 
+// I/O runs on its own distkit ThreadPool (default 3 threads, env DISTX_IO_THREADS): a piece
+// alternates CPU work (bounce copy, crc32c) and waiting on the disk, so more threads than
+// cores keep the device busy; pieces are handed out dynamically.
+int io_threads() {
+  if (const char* v = std::getenv("DISTX_IO_THREADS")) {
+    int n = std::atoi(v);
+    if (n > 0) return n;
+  }
+  return 3;
+}
+
+distkit::detail::ThreadPool& io_pool() {
+  static auto* p = new distkit::detail::ThreadPool(io_threads());  // leaked like distkit's pool
+  return *p;
+}
+
+template <class Body>
+void io_for(int64_t n, Body&& body) {  // body(piece index)
+  if (n <= 0) return;
+  std::atomic<int64_t> next{0};
+  const int parts = static_cast<int>(std::min<int64_t>(n, io_pool().size()));
+  std::function<void(int)> task = [&](int) {
+    for (int64_t i; (i = next.fetch_add(1)) < n;) body(i);
+  };
+  io_pool().run(parts, task);
+}
+
 int64_t round_up(int64_t n) { return (n + kDirectAlign - 1) / kDirectAlign * kDirectAlign; }
 
 void check_aligned(const Piece& pc) {
@@ -179,10 +208,10 @@ bool crc32c_hw_available() { return use_hw(); }
 std::vector<uint32_t> write_pieces(int fd, const std::vector<Piece>& pieces, bool direct) {
   std::vector<uint32_t> crcs(pieces.size());
   if (direct) for (const auto& pc : pieces) check_aligned(pc);
-  distkit::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t lo, int64_t hi) {
+  io_for(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
     if (direct) {
-      Bounce b;
-      for (int64_t i = lo; i < hi; ++i) {
+      thread_local Bounce b;
+      {
         const Piece& pc = pieces[i];
         const auto* src = reinterpret_cast<const uint8_t*>(pc.ptr);
         uint32_t crc = 0;
@@ -203,7 +232,7 @@ std::vector<uint32_t> write_pieces(int fd, const std::vector<Piece>& pieces, boo
       }
       return;
     }
-    for (int64_t i = lo; i < hi; ++i) {
+    {
       const Piece& pc = pieces[i];
       const auto* p = reinterpret_cast<const uint8_t*>(pc.ptr);
       crcs[i] = crc32c(p, static_cast<size_t>(pc.nbytes));
@@ -216,10 +245,10 @@ std::vector<uint32_t> write_pieces(int fd, const std::vector<Piece>& pieces, boo
 std::vector<uint32_t> read_pieces(int fd, const std::vector<Piece>& pieces, bool direct) {
   std::vector<uint32_t> crcs(pieces.size());
   if (direct) for (const auto& pc : pieces) check_aligned(pc);
-  distkit::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t lo, int64_t hi) {
+  io_for(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
     if (direct) {
-      Bounce b;
-      for (int64_t i = lo; i < hi; ++i) {
+      thread_local Bounce b;
+      {
         const Piece& pc = pieces[i];
         auto* dst = reinterpret_cast<uint8_t*>(pc.ptr);
         uint32_t crc = 0;
@@ -238,7 +267,7 @@ std::vector<uint32_t> read_pieces(int fd, const std::vector<Piece>& pieces, bool
       }
       return;
     }
-    for (int64_t i = lo; i < hi; ++i) {
+    {
       const Piece& pc = pieces[i];
       auto* p = reinterpret_cast<uint8_t*>(pc.ptr);
       full_pread(fd, p, pc.nbytes, pc.offset);
