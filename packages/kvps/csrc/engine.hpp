@@ -158,7 +158,7 @@ struct Cmd {
   std::vector<int64_t> keys, pos;
   std::vector<char> vals;
 };
-enum CmdType : int32_t { C_LOCALIZE = 100, C_INTENT, C_SYNC };
+enum CmdType : int32_t { C_LOCALIZE = 100, C_INTENT, C_SYNC, C_DUMP };
 
 struct PendingOp {
   int32_t type;
@@ -422,7 +422,19 @@ class Engine {
     auto it = reqs_.find(ts);
     if (it == reqs_.end()) return;
     auto req = it->second;
-    req_cv_.wait(lk, [&] { return req->done || failed_; });
+    int waited = 0;
+    while (!req_cv_.wait_for(lk, std::chrono::seconds(20), [&] { return req->done || failed_; })) {
+      if (++waited == 3) {  // a minute: print what the engine is waiting for
+        std::fprintf(stderr, "kvps rank %d: wait(%lld) still pending after 60 s: remaining=%lld internal=%lld\n",
+                     rank_, static_cast<long long>(ts), static_cast<long long>(req->remaining),
+                     static_cast<long long>(internal_pending_));
+        Cmd c;
+        c.type = C_DUMP;
+        lk.unlock();
+        post(std::move(c));
+        lk.lock();
+      }
+    }
     reqs_.erase(ts);
     if (failed_ && !req->done) throw distkit::Error("kvps progress engine failed: " + error_);
   }
@@ -452,6 +464,7 @@ class Engine {
     while (true) {
       distkit::mpi::check(MPI_Test(&r, &flag, MPI_STATUS_IGNORE), "MPI_Test");
       if (flag) break;
+      if (failed_) throw distkit::Error("kvps progress engine failed: " + error_);
       if (++spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
@@ -721,6 +734,8 @@ class Engine {
       }
     } else if (c.type == C_LOCALIZE) {
       start_localize(c.keys, c.ts, ob);
+    } else if (c.type == C_DUMP) {
+      dump();
     } else if (c.type == C_INTENT) {
       pending_intents_[c.worker].insert({c.a, IntentEntry{c.a, c.b, std::move(c.keys)}});
       process_intents(c.worker, ob);
@@ -735,6 +750,30 @@ class Engine {
       if (c.ts >= 0) sync_waiters_.push_back(c.ts);
     }
     flush(ob);
+  }
+
+  void dump() {
+    std::fprintf(stderr, "kvps rank %d: %zu keys with queued ops, %zu keys awaited, %zu replicas, %zu sync waiters\n", rank_,
+                 pending_.size(), waiters_.size(), replicas_.size(), sync_waiters_.size());
+    int shown = 0;
+    for (auto& [k, ops] : pending_) {
+      if (++shown > 5) break;
+      std::fprintf(stderr, "  key %lld state %d flags %d: %zu queued ops (first type %d from %d)\n",
+                   static_cast<long long>(k), state_[k], flags_[k], ops.size(), ops[0].type, ops[0].origin);
+    }
+    shown = 0;
+    for (auto& [k, ts] : waiters_) {
+      if (++shown > 5) break;
+      std::fprintf(stderr, "  key %lld state %d flags %d awaited by %zu requests, home %d owner-dir %d hint %d\n",
+                   static_cast<long long>(k), state_[k], flags_[k], ts.size(), home(k), owner_[k], hint_[k]);
+    }
+    std::lock_guard<std::mutex> lk(req_mu_);
+    shown = 0;
+    for (auto& [ts, r] : reqs_) {
+      if (r->done || ++shown > 8) continue;
+      std::fprintf(stderr, "  request %lld remaining %lld internal %d worker %d\n", static_cast<long long>(ts),
+                   static_cast<long long>(r->remaining), int(r->internal), r->worker);
+    }
   }
 
   // keys: unique; ts: request to complete once per key.

@@ -133,8 +133,8 @@ class Server:
         self._comm = base.Dup()
         self._coll = base.Dup()
         self._engine: Any = _kvps.Engine(
-            MPI._handleof(self._comm),
-            MPI._handleof(self._coll),
+            self._comm.handle,
+            self._coll.handle,
             self._cfg.num_keys,
             int(self.lengths.ctypes.data),
             _DTYPES[dtype],
@@ -260,7 +260,13 @@ class Server:
         load(self, path)
 
     def shutdown(self) -> None:
-        """Flush replica deltas, stop the progress engine and free the communicators (collective)."""
+        """Flush replica deltas, stop the progress engine and free the communicators (collective).
+
+        Raises
+        ------
+        RuntimeError
+            After ``Server.shutdown`` (or if the progress engine failed).
+        """
         if self._closed:
             return
         eng = self._engine
@@ -447,7 +453,13 @@ class Worker:
                 self._keep.pop(t, None)
 
     def waitall(self) -> None:
-        """Wait for every operation this worker issued."""
+        """Wait for every operation this worker issued.
+
+        Raises
+        ------
+        RuntimeError
+            After ``Server.shutdown`` (or if the progress engine failed).
+        """
         self._e.waitall(self.customer_id)
         with self._lock:
             self._keep.clear()
@@ -497,7 +509,13 @@ class Worker:
         self._e.intent(self.customer_id, kp, n, s, e)
 
     def advance_clock(self) -> int:
-        """Advance this worker's clock by one (starts a sync round in the background); returns the new clock."""
+        """Advance this worker's clock by one (starts a sync round in the background); returns the new clock.
+
+        Raises
+        ------
+        RuntimeError
+            After ``Server.shutdown`` (or if the progress engine failed).
+        """
         self.server._check_open()
         return int(self._e.advance_clock(self.customer_id))
 
@@ -506,26 +524,56 @@ class Worker:
         return int(self._e.current_clock(self.customer_id))
 
     def wait_sync(self) -> None:
-        """Run a sync round now and wait until it and all relocations/replications under way finished."""
+        """Run a sync round now and wait until it and all relocations/replications under way finished.
+
+        Raises
+        ------
+        RuntimeError
+            After ``Server.shutdown`` (or if the progress engine failed).
+        """
         self.server._check_open()
         self._e.wait_sync()
 
     def begin_setup(self) -> None:
-        """Mark the start of a setup phase (e.g. initial ``set`` of all parameters); kept for API parity."""
+        """Mark the start of a setup phase (e.g. initial ``set`` of all parameters); kept for API parity.
+
+        Raises
+        ------
+        RuntimeError
+            After ``Server.shutdown`` (or if the progress engine failed).
+        """
         self.server._check_open()
 
     def end_setup(self) -> None:
-        """End the setup phase: wait for this worker's operations, then a barrier of all workers."""
+        """End the setup phase: wait for this worker's operations, then a barrier of all workers.
+
+        Raises
+        ------
+        RuntimeError
+            After ``Server.shutdown`` (or if the progress engine failed).
+        """
         self.barrier()
 
     def barrier(self) -> None:
-        """Wait for this worker's operations, then block until every worker of every rank arrives."""
+        """Wait for this worker's operations, then block until every worker of every rank arrives.
+
+        Raises
+        ------
+        RuntimeError
+            After ``Server.shutdown`` (or if the progress engine failed).
+        """
         self.server._check_open()
         self.waitall()
         self._e.worker_barrier()
 
     def finalize(self) -> None:
-        """Finish this worker: wait for its operations, flush replica deltas, barrier of all workers."""
+        """Finish this worker: wait for its operations, flush replica deltas, barrier of all workers.
+
+        Raises
+        ------
+        RuntimeError
+            After ``Server.shutdown`` (or if the progress engine failed).
+        """
         self.server._check_open()
         self.waitall()
         self._e.wait_sync()

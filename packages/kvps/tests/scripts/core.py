@@ -15,6 +15,7 @@ Checks (plain asserts; any failure aborts the job):
 
 from __future__ import annotations
 
+import faulthandler
 import re
 import sys
 import threading
@@ -26,6 +27,7 @@ from mpi4py import MPI
 
 import kvps
 
+faulthandler.dump_traceback_later(120)  # diagnose a hang before the test's timeout
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 
@@ -162,7 +164,7 @@ def scenario(TECH: str, TOTAL: int) -> None:
     n3 = int(lengths[k3].sum())
 
     def raises(exc: type[BaseException], fn, *args, match: str = "") -> None:
-        with pytest.raises(exc, match=re.escape(match)):
+        with pytest.raises(exc, match=re.escape(match) if match else None):
             fn(*args)
 
     for op in (w0.push, w0.set, w0.pull):
@@ -201,6 +203,19 @@ def scenario(TECH: str, TOTAL: int) -> None:
     server.barrier()
     server.shutdown()
     raises(RuntimeError, w0.pull, k3, np.ones(n3, np.float32), match="shut down")
+    # a float64 server: pushes from every rank sum exactly in double precision
+    s64 = kvps.Server(3, dtype=torch.float64)
+    w64 = kvps.Worker(0, s64)
+    k64 = np.arange(0, NK, 5, dtype=np.int64)
+    w64.push(k64, np.full(3 * len(k64), 0.1 * (rank + 1), dtype=np.float64))
+    s64.barrier()
+    o64 = np.zeros(3 * len(k64), dtype=np.float64)
+    w64.pull(k64, o64)
+    want64 = sum(0.1 * (r + 1) for r in range(size))
+    assert np.allclose(o64, want64, rtol=0, atol=1e-15 * size), (o64[:3], want64)
+    with pytest.raises(TypeError, match="float64"):
+        w64.push(k64, np.zeros(3 * len(k64), dtype=np.float32))
+    s64.shutdown()
     if rank == 0:
         print(f"core ok: technique={TECH} ranks={size} key_pushes={int(expected.sum())}")
 
