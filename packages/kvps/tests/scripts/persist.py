@@ -97,7 +97,21 @@ else:
     if rank == 0:
         w.set(keys, torch.arange(800, dtype=torch.float64).to(DT))
     w.barrier()
+    with pytest.raises(ValueError, match="scheme"):
+        s.enable_sampling_support("magic")
+    with pytest.raises(ValueError, match="distribution"):
+        s.enable_sampling_support("naive", distribution="zipf")
+    with pytest.raises(ValueError, match="max_key"):
+        s.enable_sampling_support("naive", max_key=201)
+    with pytest.raises(ValueError, match="min_key"):
+        s.enable_sampling_support("naive", min_key=50, max_key=50)
     s.enable_sampling_support("preloc", with_replacement=False, min_key=10, max_key=60)
+    with pytest.raises(ValueError, match="K"):
+        w.prepare_sample(0, 0)
+    with pytest.raises(ValueError, match="distinct"):
+        w.prepare_sample(51, 0)
+    with pytest.raises(TypeError, match="ts"):
+        w.wait(1.5)  # type: ignore[arg-type]
     sid = w.prepare_sample(6, 0, 3)
     w.wait_sync()
     ko = np.zeros(4, dtype=np.int64)
