@@ -19,3 +19,8 @@ def test_links_the_mpi_that_mpi4py_loaded() -> None:
     from mpi4py import MPI
 
     assert _mpiad.mpi_library_version() == MPI.Get_library_version()
+
+
+def test_mpi_initialised_thread_multiple_by_mpi4py() -> None:
+    # backward passes may run on autograd's device threads: MPI must allow any thread
+    assert _mpiad.thread_level() == 3
