@@ -104,7 +104,7 @@ def test_progress_bar_only_when_asked_or_on_a_terminal(tmp_path: Path, capsys: p
     cp.save_state_dict(sd, cp.FileSystemWriter(tmp_path / "p", progress=True))
     cp.load_state_dict({"w": torch.zeros(1 << 16)}, cp.FileSystemReader(tmp_path / "p", progress=True))
     err = capsys.readouterr().err
-    assert "save" in err and "load" in err and "262k/262k" in err  # 2**18 bytes, unit-scaled
+    assert "save" in err and "load" in err and "100%" in err  # tqdm, or the built-in text bar
 
 
 def test_metadata_is_json_and_loading_never_unpickles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -339,9 +339,30 @@ def _progress(enabled: bool | None, rank: int, total: int, desc: str) -> Any:
         return None
     try:
         from tqdm import tqdm
-    except ImportError:  # pragma: no cover
-        return None
+    except ImportError:
+        return _TextBar(total, desc)
     return tqdm(total=total, unit="B", unit_scale=True, desc=desc, file=sys.stderr)
+
+
+class _TextBar:
+    """Minimal stand-in for tqdm (used when tqdm is not installed)."""
+
+    def __init__(self, total: int, desc: str) -> None:
+        self.total, self.desc, self.n = max(total, 1), desc, 0
+        self._show()
+
+    def _show(self) -> None:
+        pct = 100 * self.n // self.total
+        sys.stderr.write(f"\r{self.desc}: {pct:3d}% {self.n / 1e6:.1f}/{self.total / 1e6:.1f} MB")
+        sys.stderr.flush()
+
+    def update(self, n: int) -> None:
+        self.n = min(self.total, self.n + n)
+        self._show()
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+        sys.stderr.flush()
 
 
 # --------------------------------------------------------------------------------------------

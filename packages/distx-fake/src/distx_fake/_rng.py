@@ -11,7 +11,7 @@ Recording (``snapshot_and_advance``)
          (``uniform``: n, 2n for float64; ``normal`` with n >= 16: n + 16*(n % 16 != 0) for
          float32, twice that for float64, 16*ceil(n/16) for the half types), and the native
          ``mt19937_advance`` skips that many draws on the serialized state (a twist every 624
-         draws, no tempering, no output), ~40x cheaper than generating the values. The
+         draws, no tempering, no output), an order of magnitude cheaper than generating the values. The
          formulas are verified against the real kernels at first use (``_self_check``); if
          any differs on this torch/CPU, the fast path is disabled for the process.
        * otherwise the op is run *for real* on scratch CPU tensors of the same sizes, strides
