@@ -74,21 +74,7 @@ class PyShm {
 
 PYBIND11_MODULE(_distkit_common, m) {
   m.doc() = "distkit-common native helpers (thread pool, fp16 conversion, row ops, shared memory)";
-  register_exceptions(m);
-
-  m.def("version", [] { return std::string(DISTKIT_VERSION); });
-  m.def("cuda_compiled", [] {
-#ifdef DISTKIT_WITH_CUDA
-    return true;
-#else
-    return false;
-#endif
-  });
-  m.def("get_num_threads", &get_num_threads);
-  m.def("set_num_threads", [](int n) {
-    check(n >= 1, "number of threads must be >= 1, got ", n);
-    set_num_threads(n);
-  });
+  init_module(m);
 
   m.def(
       "parallel_sum", [](int64_t n, int64_t grain, int64_t throw_at) {

@@ -99,22 +99,8 @@ struct Request {
 
 PYBIND11_MODULE(_mpiad, m) {
   m.doc() = "native core of mpiad";
-  distkit::register_exceptions(m);
-  m.def("version", [] { return std::string(DISTKIT_VERSION); });
-  m.def("cuda_compiled", [] {
-#ifdef DISTKIT_WITH_CUDA
-    return true;
-#else
-    return false;
-#endif
-  });
-  m.def("get_num_threads", &distkit::get_num_threads);
-  m.def("mpi_library_version", [] {
-    char buf[MPI_MAX_LIBRARY_VERSION_STRING];
-    int len = 0;
-    dmpi::check(MPI_Get_library_version(buf, &len), "MPI_Get_library_version");
-    return std::string(buf, static_cast<size_t>(len));
-  });
+  distkit::init_module(m);
+  m.def("mpi_library_version", &distkit::mpi::library_version);
   m.def("cuda_aware", [] {
 #if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
     return MPIX_Query_cuda_support() != 0;

@@ -81,17 +81,7 @@ void xent_grad_cpu(uintptr_t x, uintptr_t grad, int64_t n, int64_t c, int64_t ro
 
 PYBIND11_MODULE(_shardlayers, m) {
   m.doc() = "native core of shardlayers";
-  distkit::register_exceptions(m);
-  m.def("version", [] { return std::string(DISTKIT_VERSION); });
-  m.def("cuda_compiled", [] {
-#ifdef DISTKIT_WITH_CUDA
-    return true;
-#else
-    return false;
-#endif
-  });
-  m.def("get_num_threads", &distkit::get_num_threads);
-  m.def("set_num_threads", &distkit::set_num_threads, py::arg("n"));
+  distkit::init_module(m);
   m.def("xent_stats_cpu", &xent_stats_cpu, py::arg("x"), py::arg("n"), py::arg("c"), py::arg("row_stride"),
         py::arg("dtype"), py::arg("target"), py::arg("vstart"), py::arg("weight"), py::arg("want_sum"),
         py::arg("out"),

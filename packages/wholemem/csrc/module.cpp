@@ -196,21 +196,8 @@ int cuda_device_count() {
 PYBIND11_MODULE(_wholemem, m) {
   using namespace wholemem;
   m.doc() = "native core of wholemem (shared-memory segments, row tables, sparse optimizers)";
-  distkit::register_exceptions(m);
-  m.def("version", [] { return std::string(DISTKIT_VERSION); });
-  m.def("cuda_compiled", [] {
-#ifdef DISTKIT_WITH_CUDA
-    return true;
-#else
-    return false;
-#endif
-  });
+  distkit::init_module(m);
   m.def("cuda_device_count", &cuda_device_count, "Visible CUDA devices (0 without CUDA support or devices).");
-  m.def("get_num_threads", &distkit::get_num_threads);
-  m.def("set_num_threads", [](int n) {
-    check(n >= 1, "number of threads must be >= 1, got ", n);
-    distkit::set_num_threads(n);
-  });
   m.def(
       "check_indices",
       [](uintptr_t idx, bool idx64, int64_t n, int64_t nrows) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "dtype.hpp"
 #include "error.hpp"
@@ -52,6 +53,14 @@ inline MPI_Comm comm_from_handle(uintptr_t h) {
     std::memcpy(&c, &v, sizeof(c));
   }
   return c;
+}
+
+/// MPI_Get_library_version as a string (tells which libmpi the extension runs on).
+inline std::string library_version() {
+  char buf[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  check(MPI_Get_library_version(buf, &len), "MPI_Get_library_version");
+  return std::string(buf, static_cast<size_t>(len));
 }
 
 inline bool initialized() {

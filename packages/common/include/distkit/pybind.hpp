@@ -4,8 +4,10 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <string>
 
 #include "error.hpp"
+#include "parallel.hpp"
 
 namespace distkit {
 
@@ -30,6 +32,33 @@ inline void register_exceptions(pybind11::module_&) {
       PyErr_SetString(PyExc_RuntimeError, e.what());
     }
   });
+}
+
+/// The exception translators plus the bindings every distkit extension exposes:
+/// version() (the distkit version it was built against), cuda_compiled(),
+/// get_num_threads() / set_num_threads(n) (the parallel_for pool of this extension).
+/// Call it first in PYBIND11_MODULE.
+inline void init_module(pybind11::module_& m) {
+  register_exceptions(m);
+  m.def("version", [] { return std::string(DISTKIT_VERSION); }, "The distkit version this extension was built with.");
+  m.def(
+      "cuda_compiled",
+      [] {
+#ifdef DISTKIT_WITH_CUDA
+        return true;
+#else
+        return false;
+#endif
+      },
+      "True when the CUDA sources were compiled into this extension.");
+  m.def("get_num_threads", &get_num_threads, "Threads of this extension's parallel_for pool.");
+  m.def(
+      "set_num_threads",
+      [](int n) {
+        check(n >= 1, "number of threads must be >= 1, got ", n);
+        set_num_threads(n);
+      },
+      pybind11::arg("n"), "Set the threads of this extension's parallel_for pool (>= 1).");
 }
 
 /// A raw pointer handed over from Python as an integer (tensor.data_ptr()).
