@@ -181,14 +181,15 @@ struct Builder {
 class Engine {
  public:
   Engine(uintptr_t comm, uintptr_t coll, int64_t num_keys, const int64_t* lengths, int dtype, int num_workers,
-         int technique, int64_t lookahead)
+         int technique, int64_t lookahead, int64_t sync_every = 1)
       : comm_(distkit::mpi::comm_from_handle(comm)),
         coll_(distkit::mpi::comm_from_handle(coll)),
         num_keys_(num_keys),
         dtype_(distkit::dtype_from_code(dtype)),
         num_workers_(num_workers),
         tech_(technique),
-        lookahead_(lookahead) {
+        lookahead_(lookahead),
+        sync_every_(sync_every < 1 ? 1 : sync_every) {
     check(num_keys > 0, "num_keys must be > 0, got ", num_keys);
     check(num_workers > 0, "num_threads must be > 0, got ", num_workers);
     check(distkit::is_floating(dtype_), "value dtype must be floating, got ", distkit::dtype_name(dtype_));
@@ -391,6 +392,7 @@ class Engine {
     Cmd cmd;
     cmd.type = C_SYNC;
     cmd.worker = worker;
+    cmd.a = c + 2;  // (a == 1 marks a reset; offset keeps clock values clear of it)
     post(std::move(cmd));
     return c;
   }
@@ -746,7 +748,8 @@ class Engine {
         return;
       }
       for (int w = 0; w < num_workers_; ++w) process_intents(w, ob);
-      sync_replicas(ob);
+      // advance_clock refreshes replicas every sync_every clocks; wait_sync always
+      if (c.worker < 0 || (c.a - 2) % sync_every_ == 0) sync_replicas(ob);
       if (c.ts >= 0) sync_waiters_.push_back(c.ts);
     }
     flush(ob);
@@ -1188,6 +1191,7 @@ class Engine {
   int num_workers_;
   int tech_;
   int64_t lookahead_;
+  int64_t sync_every_;
   bool uniform_ = true;
   std::vector<int64_t> len_, off_;
   Arena vals_, delta_;

@@ -70,6 +70,10 @@ def test_server_rejects_bad_value_lengths() -> None:
         kvps.Server(3, dtype=torch.int32)
     with pytest.raises(TypeError):
         kvps.Server(True)
+    with pytest.raises(ValueError, match="replica_sync_every"):
+        kvps.Server(3, replica_sync_every=0)
+    with pytest.raises(ValueError, match="intent_lookahead"):
+        kvps.Server(3, intent_lookahead=-1)
 
 
 @pytest.mark.mpi

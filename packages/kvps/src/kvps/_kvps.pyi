@@ -18,6 +18,7 @@ class Engine:
         num_workers: int,
         technique: int,
         lookahead: int,
+        sync_every: int = 1,
     ) -> None: ...
     @property
     def rank(self) -> int: ...

@@ -97,6 +97,9 @@ class Server:
     intent_lookahead : int
         An intent for clock ``c`` takes effect once the worker's clock reaches
         ``c - intent_lookahead`` (so the key is local when used).
+    replica_sync_every : int
+        ``advance_clock`` refreshes replicas every this many clocks (bounded
+        staleness; ``wait_sync`` always refreshes them).
     comm : mpi4py.MPI.Comm, optional
         The communicator to span (duplicated); ``MPI.COMM_WORLD`` by default.
 
@@ -114,6 +117,7 @@ class Server:
         *,
         dtype: torch.dtype = torch.float32,
         intent_lookahead: int = 2,
+        replica_sync_every: int = 1,
         comm: Any = None,
     ) -> None:
         if _config is None:
@@ -123,6 +127,7 @@ class Server:
             raise TypeError(f"dtype must be one of {list(_DTYPES)}, got {dtype!r}")
         self.dtype: torch.dtype = dtype
         self.lookahead = check_int(intent_lookahead, "intent_lookahead", lo=0)
+        self.replica_sync_every = check_int(replica_sync_every, "replica_sync_every", lo=1)
         self.lengths = _lengths_array(value_lengths, self._cfg.num_keys)
         if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
             raise RuntimeError(
@@ -141,6 +146,7 @@ class Server:
             self._cfg.num_threads,
             TECHNIQUES[self._cfg.technique],
             self.lookahead,
+            self.replica_sync_every,
         )
         self._closed = False
         self._sampling: _SamplingConfig | None = None
