@@ -235,6 +235,19 @@ def test_fake_cuda_module_materializes_on_cpu_with_eager_values() -> None:
     assert m.weight.shape == eager.weight.shape and m.weight.device.type == "cpu"
 
 
+def test_fake_mode_inside_module_fn_is_still_recorded() -> None:
+    def build() -> nn.Module:
+        with fake.fake_mode():  # nested in deferred_init's own fake mode
+            return nn.Linear(5, 3)
+
+    torch.manual_seed(6)
+    eager = nn.Linear(5, 3)
+    torch.manual_seed(6)
+    m = di.deferred_init(build)
+    di.materialize_module(m)
+    _assert_identical(eager, m)
+
+
 def test_bad_input() -> None:
     with pytest.raises(TypeError, match="module_fn must be callable"):
         di.deferred_init(3)  # type: ignore[arg-type]

@@ -257,10 +257,18 @@ def _fake_ctx(fake_cuda: bool) -> Iterator[None]:
         # torch initializes CUDA before dispatching a factory call with device="cuda";
         # faking CUDA on a machine without it means skipping that (restored on exit)
         torch.cuda._lazy_init = _no_lazy_init
+    depth = getattr(_tls, "depth", 0)
+    _tls.depth = depth + 1
     try:
-        with _FakeMode():
+        if depth:
+            # already inside one of our fake modes (maybe under deferred_init's recorder):
+            # pushing another would put it above the recorder and hide ops from it
             yield
+        else:
+            with _FakeMode():
+                yield
     finally:
+        _tls.depth = depth
         stack.pop()
         if patched and not any(stack):
             torch.cuda._lazy_init = _orig_lazy_init
