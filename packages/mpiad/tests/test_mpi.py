@@ -47,3 +47,11 @@ def test_torch_compile_fullgraph_matches_eager() -> None:
 def test_linear_regression_example(nprocs: int) -> None:
     res = run_mpi(EXAMPLES / "linear_regression.py", nprocs, timeout=120)
     assert "Final parameters: [0.1, 1.0, -2.0]" in res.stdout
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_mpi4torch_dropin_compat(nprocs: int) -> None:
+    # `import mpiad as mpi4torch`: names, keyword calls, the other non-blocking orders,
+    # the isend-recv-wait example's exact output, in-place semantics
+    res = run_mpi(SCRIPTS / "mpi4torch_compat.py", nprocs, timeout=120)
+    assert f"all checks passed on {nprocs} ranks" in res.stdout
