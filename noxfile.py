@@ -126,8 +126,10 @@ def build_wheels(session: nox.Session, packages: list[str], outdir: Path = WHEEL
 
 
 def install_wheels(session: nox.Session, packages: list[str], wheelhouse: Path = WHEELHOUSE) -> None:
-    names = dict.fromkeys(DIST_NAMES[p] for p in ["common", *packages])
+    names = list(dict.fromkeys(DIST_NAMES[p] for p in ["common", *packages]))
+    # our wheels exactly as built, then their declared dependencies (torch is already pinned, so satisfied)
     session.install("--no-index", "--find-links", str(wheelhouse), "--no-deps", "--force-reinstall", *names)
+    session.install("--find-links", str(wheelhouse), *names)
 
 
 def run_pytest(session: nox.Session, packages: list[str], paths: list[str] | None = None) -> None:
