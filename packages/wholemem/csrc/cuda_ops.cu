@@ -68,10 +68,17 @@ void rows_typed(RowOp op, const TableDesc& d, uintptr_t idx, bool idx64, int64_t
 template <class T>
 __global__ void optim_kernel(OptParams p, T* w, int64_t row_stride, int64_t col_stride, int64_t ncols,
                              const int64_t* idx, int64_t n, const distkit::acc_t<T>* grad, distkit::acc_t<T>* s0,
-                             distkit::acc_t<T>* s1) {
+                             distkit::acc_t<T>* s1, const distkit::acc_t<T>* rs) {
   const int64_t total = n * ncols;
   for (int64_t f = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; f < total; f += int64_t(gridDim.x) * blockDim.x)
-    optim_update_element<T>(p, w, row_stride, col_stride, ncols, idx, grad, s0, s1, f);
+    optim_update_element<T>(p, w, row_stride, col_stride, ncols, idx, grad, s0, s1, rs, f);
+}
+
+/// Second pass (same stream, so after every element of every row): advance the row states.
+template <class A>
+__global__ void optim_rows_kernel(OptParams p, const int64_t* idx, int64_t n, A* rs) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    optim_row_state<A>(p, rs + 2 * idx[i]);
 }
 
 }  // namespace
@@ -98,7 +105,7 @@ void row_op(RowOp op, const TableDesc& d, uintptr_t idx, bool idx64, int64_t n, 
 }
 
 void optim_update(const OptParams& p, const TableDesc& w, uintptr_t idx, int64_t n, uintptr_t grad, uintptr_t s0,
-                  uintptr_t s1, uintptr_t stream) {
+                  uintptr_t s1, uintptr_t row_state, uintptr_t stream) {
   dc::require_device("wholemem CUDA optimizer step");
   if (n == 0 || w.ncols == 0) return;
   cudaStream_t s = dc::stream_from_int(stream);
@@ -109,7 +116,13 @@ void optim_update(const OptParams& p, const TableDesc& w, uintptr_t idx, int64_t
     optim_kernel<T><<<cfg.blocks, cfg.threads, 0, s>>>(p, reinterpret_cast<T*>(w.chunks.at(0)), w.row_stride,
                                                       w.col_stride, w.ncols, reinterpret_cast<const int64_t*>(idx), n,
                                                       reinterpret_cast<const A*>(grad), reinterpret_cast<A*>(s0),
-                                                      reinterpret_cast<A*>(s1));
+                                                      reinterpret_cast<A*>(s1),
+                                                      reinterpret_cast<const A*>(row_state));
+    if (row_state != 0) {
+      auto rcfg = dc::launch_config(n);
+      optim_rows_kernel<A><<<rcfg.blocks, rcfg.threads, 0, s>>>(p, reinterpret_cast<const int64_t*>(idx), n,
+                                                                 reinterpret_cast<A*>(row_state));
+    }
   };
   switch (w.dtype) {
     case DType::Float32: launch(float{}); break;

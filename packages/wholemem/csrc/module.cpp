@@ -143,20 +143,21 @@ class Table {
 };
 
 void optim_update(int kind, const Table& table, uintptr_t idx, int64_t n, uintptr_t grad, uintptr_t s0, uintptr_t s1,
-                  float lr, float weight_decay, float eps, float beta1, float beta2, float alpha, float step_size,
+                  uintptr_t row_state, float lr, float weight_decay, float eps, float beta1, float beta2, float alpha,
                   uintptr_t stream) {
   check(kind >= 0 && kind <= 3, "unknown optimizer kind ", kind);
   const TableDesc& d = table.desc();
   check(d.chunks.size() == 1, "optimizer updates need a single-chunk table, got ", d.chunks.size(), " chunks");
-  const OptParams p{static_cast<OptKind>(kind), lr, weight_decay, eps, beta1, beta2, alpha, step_size};
+  const OptParams p{static_cast<OptKind>(kind), lr, weight_decay, eps, beta1, beta2, alpha};
   const int ns = num_states(p.kind);
   check(ns < 1 || s0 != 0, "optimizer state 0 is missing");
   check(ns < 2 || s1 != 0, "optimizer state 1 is missing");
+  check(p.kind != OptKind::LazyAdam || row_state != 0, "the LazyAdam per-row state (beta1^t, beta2^t) is missing");
   if (n == 0 || d.ncols == 0) return;
   if (table.on_device()) {
 #ifdef DISTKIT_WITH_CUDA
     py::gil_scoped_release release;
-    cuda::optim_update(p, d, idx, n, grad, s0, s1, stream);
+    cuda::optim_update(p, d, idx, n, grad, s0, s1, row_state, stream);
     return;
 #endif
   }
@@ -170,10 +171,15 @@ void optim_update(int kind, const Table& table, uintptr_t idx, int64_t n, uintpt
     const A* g = reinterpret_cast<const A*>(grad);
     A* a0 = reinterpret_cast<A*>(s0);
     A* a1 = reinterpret_cast<A*>(s1);
+    A* rs = reinterpret_cast<A*>(row_state);
     const int64_t nc = d.ncols;
+    // rows are unique, so each row (its elements, then its row state) belongs to one thread
     distkit::parallel_for(0, n, distkit::row_grain(nc * int64_t(sizeof(A)) * 4), [&](int64_t lo, int64_t hi) {
-      for (int64_t f = lo * nc; f < hi * nc; ++f)
-        optim_update_element<T>(p, w, d.row_stride, d.col_stride, nc, ix, g, a0, a1, f);
+      for (int64_t i = lo; i < hi; ++i) {
+        for (int64_t f = i * nc; f < (i + 1) * nc; ++f)
+          optim_update_element<T>(p, w, d.row_stride, d.col_stride, nc, ix, g, a0, a1, rs, f);
+        if (rs) optim_row_state<A>(p, rs + 2 * ix[i]);
+      }
     });
   });
 }
@@ -269,9 +275,11 @@ PYBIND11_MODULE(_wholemem, m) {
       .def_property_readonly("on_device", &Table::on_device);
 
   m.def("optim_update", &optim_update, py::arg("kind"), py::arg("table"), py::arg("idx"), py::arg("n"),
-        py::arg("grad"), py::arg("state0"), py::arg("state1"), py::arg("lr"), py::arg("weight_decay"), py::arg("eps"),
-        py::arg("beta1"), py::arg("beta2"), py::arg("alpha"), py::arg("step_size"), py::arg("stream") = 0,
-        "Sparse optimizer step on the unique local rows idx (int64) of a single-chunk table.");
+        py::arg("grad"), py::arg("state0"), py::arg("state1"), py::arg("row_state"), py::arg("lr"),
+        py::arg("weight_decay"), py::arg("eps"), py::arg("beta1"), py::arg("beta2"), py::arg("alpha"),
+        py::arg("stream") = 0,
+        "Sparse optimizer step on the unique local rows idx (int64) of a single-chunk table "
+        "(row_state: LazyAdam's per-row {beta1^t, beta2^t}, [rows, 2]).");
 
 #ifdef DISTKIT_WITH_CUDA
   m.def("ipc_get_handle", [](uintptr_t p) { return py::bytes(cuda::ipc_get_handle(p)); });

@@ -31,7 +31,7 @@ void row_op(RowOp op, const TableDesc& t, uintptr_t idx, bool idx64, int64_t n, 
             uintptr_t stream);
 /// Sparse optimizer step on device memory (same per-element code as the CPU).
 void optim_update(const OptParams& p, const TableDesc& w, uintptr_t idx, int64_t n, uintptr_t grad,
-                  uintptr_t s0, uintptr_t s1, uintptr_t stream);
+                  uintptr_t s0, uintptr_t s1, uintptr_t row_state, uintptr_t stream);
 /// CUDA IPC: export a device allocation / map a peer's allocation.
 std::string ipc_get_handle(uintptr_t dev_ptr);
 uintptr_t ipc_open_handle(const std::string& handle, int device);

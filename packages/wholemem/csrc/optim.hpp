@@ -2,9 +2,10 @@
 //
 // Every update reads one weight element w (stored as T), its gradient g and up to
 // two state elements (stored in the accumulation type A = distkit::acc_t<T>), and writes w
-// and the states back. The formulas follow torch.optim (SGD, sparse Adagrad,
-// SparseAdam = "lazy" Adam, RMSprop) so results match a dense single-process
-// reference element for element.
+// and the states back (LazyAdam also keeps two per-row values). The formulas are the ones of WholeGraph's embedding optimizer kernels (optimizer.cuh):
+// L2 weight decay folded into the gradient, Adagrad / RMSProp with eps added to the
+// square root, LazyAdam with a per-row bias correction (beta1^t, beta2^t kept per row,
+// t = number of updates of that row) and eps added to sqrt(v_hat).
 #pragma once
 
 #include <cmath>
@@ -36,16 +37,17 @@ struct OptParams {
   float beta1;      // Adam
   float beta2;      // Adam
   float alpha;      // RMSProp smoothing constant
-  float step_size;  // Adam: lr * sqrt(1 - beta2^t) / (1 - beta1^t), computed on the host in double
 };
 
 DK_INLINE float dk_sqrt(float x) { return sqrtf(x); }
 DK_INLINE double dk_sqrt(double x) { return sqrt(x); }
 
-/// One element of a sparse optimizer step: w, s0, s1 updated in place.
+/// One element of a sparse optimizer step: w, s0, s1 updated in place. `rs` is the
+/// row's LazyAdam state {beta1^t, beta2^t} before this update (read only here; it is
+/// advanced once per row by optim_row_state after every element of the row is done).
 template <class A>
-DK_INLINE void optim_element(const OptParams& p, A& w, A g, A* s0, A* s1) {
-  if (p.weight_decay != 0.0f) g = g + A(p.weight_decay) * w;
+DK_INLINE void optim_element(const OptParams& p, A& w, A g, A* s0, A* s1, const A* rs) {
+  g = g + A(p.weight_decay) * w;
   switch (p.kind) {
     case OptKind::SGD:
       w = w - A(p.lr) * g;
@@ -53,32 +55,45 @@ DK_INLINE void optim_element(const OptParams& p, A& w, A g, A* s0, A* s1) {
     case OptKind::Adagrad: {
       const A s = *s0 + g * g;
       *s0 = s;
-      w = w - A(p.lr) * (g / (dk_sqrt(s) + A(p.eps)));
+      w = w - A(p.lr) * g / (dk_sqrt(s) + A(p.eps));
       break;
     }
     case OptKind::LazyAdam: {
-      const A m = *s0 + (g - *s0) * (A(1) - A(p.beta1));
-      const A v = *s1 + (g * g - *s1) * (A(1) - A(p.beta2));
+      const A b1 = A(p.beta1), b2 = A(p.beta2);
+      const A m = b1 * *s0 + (A(1) - b1) * g;
+      const A v = b2 * *s1 + (A(1) - b2) * g * g;
       *s0 = m;
       *s1 = v;
-      w = w - A(p.step_size) * (m / (dk_sqrt(v) + A(p.eps)));
+      const A mhat = m / (A(1) - rs[0] * b1);
+      const A vhat = v / (A(1) - rs[1] * b2);
+      w = w - A(p.lr) * mhat / (dk_sqrt(vhat) + A(p.eps));
       break;
     }
     case OptKind::RMSProp: {
       const A v = A(p.alpha) * *s0 + (A(1) - A(p.alpha)) * g * g;
       *s0 = v;
-      w = w - A(p.lr) * (g / (dk_sqrt(v) + A(p.eps)));
+      w = w - A(p.lr) * g / (dk_sqrt(v) + A(p.eps));
       break;
     }
   }
 }
 
+/// Per-row state after the row's update: LazyAdam {beta1^t, beta2^t} *= {beta1, beta2}.
+template <class A>
+DK_INLINE void optim_row_state(const OptParams& p, A* rs) {
+  if (p.kind == OptKind::LazyAdam) {
+    rs[0] = rs[0] * A(p.beta1);
+    rs[1] = rs[1] * A(p.beta2);
+  }
+}
+
 /// Flat element `flat` of an [n, ncols] update: weight row idx[i] of a strided
-/// table (T), gradient row i (A, contiguous), state rows idx[i] (A, contiguous).
+/// table (T), gradient row i (A, contiguous), state rows idx[i] (A, contiguous),
+/// LazyAdam row state idx[i] (A[2]).
 template <class T>
 DK_INLINE void optim_update_element(const OptParams& p, T* w_base, int64_t row_stride, int64_t col_stride,
                                     int64_t ncols, const int64_t* idx, const distkit::acc_t<T>* grad, distkit::acc_t<T>* s0,
-                                    distkit::acc_t<T>* s1, int64_t flat) {
+                                    distkit::acc_t<T>* s1, const distkit::acc_t<T>* rs, int64_t flat) {
   using A = distkit::acc_t<T>;
   const int64_t i = flat / ncols;
   const int64_t j = flat - i * ncols;
@@ -86,7 +101,7 @@ DK_INLINE void optim_update_element(const OptParams& p, T* w_base, int64_t row_s
   T& wref = w_base[r * row_stride + j * col_stride];
   A w = static_cast<A>(wref);
   const int64_t sidx = r * ncols + j;
-  optim_element<A>(p, w, grad[flat], s0 ? s0 + sidx : nullptr, s1 ? s1 + sidx : nullptr);
+  optim_element<A>(p, w, grad[flat], s0 ? s0 + sidx : nullptr, s1 ? s1 + sidx : nullptr, rs ? rs + 2 * r : nullptr);
   wref = T(w);
 }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import distkit_common
 import wholemem
 from wholemem import _wholemem
@@ -74,16 +76,51 @@ def test_optimizer_kernel_closed_form() -> None:
         int(g.data_ptr()),
         int(s0.data_ptr()),
         0,
+        0,
         lr=0.1,
         weight_decay=0.0,
         eps=0.0,
         beta1=0.0,
         beta2=0.0,
         alpha=0.0,
-        step_size=0.0,
     )
     assert torch.allclose(w, torch.tensor([[1.0, 2.0], [2.9, 4.1]]))
     assert torch.equal(s0, torch.tensor([[0.0, 0.0], [0.25, 1.0]]))
+
+
+def test_lazy_adam_kernel_per_row_bias_correction() -> None:
+    """WholeGraph's LazyAdam: beta1^t / beta2^t count each row's own updates, eps is added to sqrt(v_hat).
+
+    With a constant gradient g and eps = 0, m_hat = g and v_hat = g^2 after any number of
+    updates of a row, so every update moves it by exactly lr * sign(g); a global step count
+    (torch SparseAdam) would move a row first touched at step 2 by lr / (1 + beta1) instead.
+    """
+    import torch
+
+    b1, b2, lr = 0.9, 0.999, 0.1
+    w = torch.zeros(3, 2, dtype=torch.float64)
+    m, v = torch.zeros(3, 2, dtype=torch.float64), torch.zeros(3, 2, dtype=torch.float64)
+    rs = torch.ones(3, 2, dtype=torch.float64)
+    table = _wholemem.Table([int(w.data_ptr())], 3, 3, 2, 2, 1, 3)
+
+    def step(rows: list[int], eps: float = 0.0) -> None:
+        idx = torch.tensor(rows)
+        g = torch.tensor([[0.5, -2.0]] * len(rows), dtype=torch.float64)
+        _wholemem.optim_update(
+            2, table, int(idx.data_ptr()), len(rows), int(g.data_ptr()), int(m.data_ptr()), int(v.data_ptr()),
+            int(rs.data_ptr()), lr=lr, weight_decay=0.0, eps=eps, beta1=b1, beta2=b2, alpha=0.0,
+        )  # fmt: skip
+
+    step([0])
+    step([0, 1])
+    assert torch.allclose(w, torch.tensor([[-0.2, 0.2], [-0.1, 0.1], [0.0, 0.0]], dtype=torch.float64), atol=1e-6)
+    assert torch.allclose(rs, torch.tensor([[b1**2, b2**2], [b1, b2], [1.0, 1.0]], dtype=torch.float64))
+    assert torch.allclose(m[1], torch.tensor([0.5, -2.0], dtype=torch.float64) * (1 - b1))
+    # eps is added to sqrt(v_hat) (v_hat = 0.25 for column 0 at t = 1): row 2 moves by lr * 0.5 / (0.5 + 0.5)
+    step([2], eps=0.5)
+    assert abs(w[2, 0].item() - (-lr * 0.5 / (0.5 + 0.5))) < 1e-8  # lr is passed as float32
+    with pytest.raises(ValueError, match="per-row state"):
+        _wholemem.optim_update(2, table, 0, 0, 0, int(m.data_ptr()), int(v.data_ptr()), 0, 0.1, 0, 0, b1, b2, 0)
 
 
 def test_cuda_paths_raise_clearly_without_a_gpu() -> None:

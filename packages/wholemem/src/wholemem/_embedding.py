@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,10 @@ from ._ops import _as_bytes, _check_target, _indices, gather, get_local_tensor
 from ._tensor import WmTensorType, create_wm_tensor
 from ._wholemem import Table, optim_update
 
+# The update rules are those of WholeGraph's embedding optimizer kernels (optimizer.cuh),
+# applied to the rows that got a gradient (duplicates summed first), with
+# ``g = grad + weight_decay * w`` for every optimizer.
+
 
 @dataclass
 class SGD:
@@ -30,10 +33,11 @@ class SGD:
 
 @dataclass
 class Adagrad:
-    """Sparse Adagrad (as ``torch.optim.Adagrad`` with sparse gradients, ``lr_decay=0``)."""
+    """Sparse Adagrad: ``s += g^2; w -= lr * g / (sqrt(s) + eps)`` on touched rows
+    (WholeGraph's defaults: ``eps=1e-8``, accumulator starting at 0)."""
 
     lr: float = 0.01
-    eps: float = 1e-10
+    eps: float = 1e-8
     weight_decay: float = 0.0
     initial_accumulator_value: float = 0.0
     kind = 1
@@ -42,7 +46,13 @@ class Adagrad:
 
 @dataclass
 class LazyAdam:
-    """Lazy Adam (as ``torch.optim.SparseAdam``): moments of a row move only when it has a gradient."""
+    """Lazy Adam as in WholeGraph: moments, and the bias correction, of a row move only
+    when it has a gradient.
+
+    With ``t`` = the number of updates this row has had (kept per row as
+    ``beta1^t, beta2^t``): ``m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
+    w -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)``.
+    """
 
     lr: float = 0.001
     betas: tuple[float, float] = (0.9, 0.999)
@@ -160,6 +170,8 @@ class Embedding(nn.Module):
             torch.full((local.shape[0], self.embedding_dim), init_state if i == 0 else 0.0, dtype=acc)
             for i in range(nstates)
         ]
+        # LazyAdam: per-row (beta1^t, beta2^t), starting at 1 (t = 0), as WholeGraph's per-embedding state
+        self._row_state = torch.ones((local.shape[0], 2), dtype=acc) if isinstance(optimizer, LazyAdam) else None
         self._step = 0
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._anchor = torch.empty(0, requires_grad=True)
@@ -190,8 +202,9 @@ class Embedding(nn.Module):
 
     @property
     def optimizer_states(self) -> list[torch.Tensor]:
-        """This rank's optimizer state rows (Adagrad: sum of squares; LazyAdam: m, v; RMSProp: v)."""
-        return self._states
+        """This rank's optimizer state rows (Adagrad: sum of squares; LazyAdam: m, v, and the
+        per-row ``[beta1^t, beta2^t]``; RMSProp: v)."""
+        return self._states + ([self._row_state] if self._row_state is not None else [])
 
     @property
     def step_count(self) -> int:
@@ -246,10 +259,7 @@ class Embedding(nn.Module):
         uniq, inv = torch.unique(ridx - first, return_inverse=True)
         summed = torch.zeros((uniq.numel(), d), dtype=acc).index_add_(0, inv, rgrads)
         self._step += 1
-        step_size = 0.0
-        if isinstance(opt, LazyAdam):
-            b1, b2 = opt.betas
-            step_size = opt.lr * math.sqrt(1 - b2**self._step) / (1 - b1**self._step)
+        rs = self._row_state
         table, _, _ = self._local_table()
         s = self._states
         optim_update(
@@ -260,13 +270,13 @@ class Embedding(nn.Module):
             int(summed.data_ptr()),
             int(s[0].data_ptr()) if len(s) > 0 else 0,
             int(s[1].data_ptr()) if len(s) > 1 else 0,
+            int(rs.data_ptr()) if rs is not None else 0,
             lr=opt.lr,
             weight_decay=opt.weight_decay,
             eps=getattr(opt, "eps", 0.0),
             beta1=opt.betas[0] if isinstance(opt, LazyAdam) else 0.0,
             beta2=opt.betas[1] if isinstance(opt, LazyAdam) else 0.0,
             alpha=opt.alpha if isinstance(opt, RMSProp) else 0.0,
-            step_size=step_size,
         )
         comm.barrier()  # updates are visible before anyone reads rows again
 
@@ -295,6 +305,9 @@ class Embedding(nn.Module):
         )
         for i, st in enumerate(self._states):
             store_local(self.comm, self.num_embeddings, shape, st.dtype, st, first, directory, f"state{i}", num_parts)
+        if self._row_state is not None:
+            rs = self._row_state
+            store_local(self.comm, self.num_embeddings, (2,), rs.dtype, rs, first, directory, "rowstate", num_parts)
 
     def load(self, directory: str | os.PathLike[str]) -> None:
         """Collective: load a table (and optimizer state) stored by :meth:`save`.
@@ -314,4 +327,7 @@ class Embedding(nn.Module):
         meta = load_local(self.comm, self.num_embeddings, shape, self.weight.dtype, local, first, directory, "weight")
         for i, st in enumerate(self._states):
             load_local(self.comm, self.num_embeddings, shape, st.dtype, st, first, directory, f"state{i}")
+        if self._row_state is not None:
+            rs = self._row_state
+            load_local(self.comm, self.num_embeddings, (2,), rs.dtype, rs, first, directory, "rowstate")
         self._step = int(meta["step"]) if meta else 0

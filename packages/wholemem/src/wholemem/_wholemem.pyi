@@ -70,13 +70,13 @@ def optim_update(
     grad: int,
     state0: int,
     state1: int,
+    row_state: int,
     lr: float,
     weight_decay: float,
     eps: float,
     beta1: float,
     beta2: float,
     alpha: float,
-    step_size: float,
     stream: int = 0,
 ) -> None: ...
 def ipc_get_handle(ptr: int) -> bytes: ...
