@@ -94,7 +94,7 @@ def test_views_and_local(comm: wg.Communicator) -> None:
     assert wg.get_tensor_view(t, "cpu") is t
     h = wg.create_wm_tensor(comm, [10, 4], [], torch.float32, T.HOST)
     assert wg.get_tensor_view(h, torch.device("cpu")) is h
-    assert wg.get_partition_plan(h) == 10
+    assert wg.get_partition_plan(h) == (0, 10, 10, 10)
     local, first = wg.get_local_tensor(h)
     local[3] = 5.0  # the local part shares memory
     assert first == 0 and torch.all(h[3] == 5.0)
@@ -219,6 +219,61 @@ def test_host_tensor_is_a_normal_tensor(comm: wg.Communicator, tmp_path: Path) -
     c = copy.deepcopy(h)
     c[0] = -1.0
     assert torch.equal(h[0], torch.tensor([0.0, 1.0]))  # the copy is private
-    assert wg.get_partition_plan(h) == 4
+    assert wg.get_partition_plan(h) == (0, 4, 4, 4)
     with pytest.raises(TypeError, match="plain"):
         wg.get_partition_plan(c)
+
+
+def test_original_api_spellings(comm: wg.Communicator) -> None:
+    # create_wm_tensor(wm_comm, sizes, strides=[], tensor_dtype=torch.float32, wm_tensor_type=CHUNKED)
+    t = wg.create_wm_tensor(comm, [6, 3])
+    assert isinstance(t, wg.ChunkedTensor) and t.dtype == torch.float32 and t.stride() == (3, 1)
+    i = wg.create_wm_tensor(comm, [5], [], torch.int32)
+    assert isinstance(i, wg.ChunkedTensor) and i.dtype == torch.int32 and tuple(i.shape) == (5,)
+    assert wg.get_rank(comm) == 0 and wg.get_size(comm) == 1
+    wg.barrier(comm)
+    # partition plan from a communicator and an entry count
+    assert wg.get_partition_plan(comm, 7) == (0, 7, 7, 7)
+    assert wg.get_partition_plan(t, 6) == (0, 6, 6, 6)
+    with pytest.raises(ValueError, match="total_entry_count is required"):
+        wg.get_partition_plan(comm)
+    with pytest.raises(ValueError, match="t.shape"):
+        wg.get_partition_plan(t, 5)
+    with pytest.raises(TypeError, match="int"):
+        wg.get_partition_plan(comm, 2.5)
+    with pytest.raises(ValueError, match=">= 0"):
+        wg.get_partition_plan(comm, -1)
+    # (start, count) sub-tensors, count -1 = to the end, missing entries = whole dimension
+    wg.scatter(t, torch.arange(6), torch.arange(18.0).reshape(6, 3))
+    s = wg.get_sub_chunked_tensor(t, [1, 1], [-1, 1])
+    assert tuple(s.shape) == (5, 1)
+    assert torch.equal(wg.gather(s, torch.tensor([0, 4])), torch.tensor([[4.0], [16.0]]))
+    assert tuple(wg.get_sub_chunked_tensor(t, [], []).shape) == (6, 3)
+    with pytest.raises(ValueError, match="count"):
+        wg.get_sub_chunked_tensor(t, [2], [5])
+    with pytest.raises(ValueError, match="start"):
+        wg.get_sub_chunked_tensor(t, [-1], [])
+    with pytest.raises(ValueError, match="more entries"):
+        wg.get_sub_chunked_tensor(t, [0], [1, 1])
+    with pytest.raises(TypeError, match="ints"):
+        wg.get_sub_chunked_tensor(t, [0.5], [])
+    with pytest.raises(TypeError, match="ChunkedTensor"):
+        wg.get_sub_chunked_tensor(torch.zeros(3), [0], [1])
+    n = wg.create_wm_tensor(comm, [4, 2], [], torch.float32, T.NCCL)
+    with pytest.raises(TypeError, match="NCCLTensor"):
+        wg.get_sub_nccl_tensor(t, [0], [1])
+    assert tuple(wg.get_sub_nccl_tensor(n, [3], [1]).shape) == (1, 2)
+    assert wg.get_wm_tensor_type(n) is T.NCCL and wg.get_wm_communicator(n) is comm
+    with pytest.raises(TypeError, match="not a wholemem tensor"):
+        wg.get_wm_tensor_type(torch.zeros(2))
+    with pytest.raises(TypeError, match="plain"):
+        wg.get_wm_communicator(torch.zeros(2))
+    for fn in (wg.get_rank, wg.get_size, wg.barrier, wg.destroy_communicator):
+        with pytest.raises(TypeError, match="Communicator"):
+            fn(3)
+    # the original's optimizer defaults: Adagrad eps 1e-8, LazyAdam (0.9, 0.999, 1e-8), RMSProp (0.99, 1e-8)
+    assert wg.Adagrad().eps == 1e-8 and wg.RMSProp().eps == 1e-8 and wg.RMSProp().alpha == 0.99
+    assert wg.LazyAdam().betas == (0.9, 0.999) and wg.LazyAdam().eps == 1e-8
+    wg.destroy_communicator(comm)
+    with pytest.raises(RuntimeError, match="destroyed"):
+        wg.get_size(comm)

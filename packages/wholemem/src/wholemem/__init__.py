@@ -14,6 +14,16 @@ from ._comm import (
     create_communicator,
     get_unique_id,
 )
+from ._compat import (
+    barrier,
+    destroy_communicator,
+    get_rank,
+    get_size,
+    get_sub_chunked_tensor,
+    get_sub_nccl_tensor,
+    get_wm_communicator,
+    get_wm_tensor_type,
+)
 from ._embedding import SGD, Adagrad, Embedding, LazyAdam, RMSProp
 from ._io import load_from_files, store_to_files
 from ._lib import finalize_lib, init_lib
@@ -37,17 +47,25 @@ __all__ = [
     "WmTensorType",
     "__version__",
     "_wholemem",
+    "barrier",
     "communicator_from_mpi4py",
     "communicator_from_process_group",
     "create_communicator",
     "create_wm_tensor",
+    "destroy_communicator",
     "finalize_lib",
     "gather",
     "get_local_tensor",
     "get_partition_plan",
+    "get_rank",
+    "get_size",
+    "get_sub_chunked_tensor",
+    "get_sub_nccl_tensor",
     "get_sub_tensor",
     "get_tensor_view",
     "get_unique_id",
+    "get_wm_communicator",
+    "get_wm_tensor_type",
     "init_lib",
     "load_from_files",
     "scatter",

@@ -11,7 +11,7 @@ import torch
 from distkit_common.validate import as_index_tensor, as_tensor
 
 from . import _lib
-from ._layout import local_range, plain_table_args, rows_per_rank
+from ._layout import local_range, plain_table_args
 from ._tensor import ChunkedTensor, HostInfo, NCCLTensor, _WmTensor, host_info, register_host
 from ._wholemem import Table, check_indices
 
@@ -271,21 +271,66 @@ def _nccl_scatter(t: NCCLTensor, idx: torch.Tensor, vals: torch.Tensor) -> None:
 # -- local parts, views, plan -----------------------------------------------------------
 
 
-def get_partition_plan(t: WmAny) -> int:
-    """Rows per rank of the partition plan: rank r owns rows ``[r*k, min(N, (r+1)*k))``.
+def get_partition_plan(t: Any, total_entry_count: int | None = None) -> tuple[int, int, int, int]:
+    """The row partition plan, as WholeGraph's ``get_partition_plan``.
+
+    Rows (dim 0) are split evenly: with ``k = ceil(N / size)``, rank r owns rows
+    ``[r*k, min(N, (r+1)*k))``.
+
+    Parameters
+    ----------
+    t : wholemem tensor or Communicator
+        A tensor made by :func:`create_wm_tensor` (N = ``t.shape[0]``), or a communicator
+        together with ``total_entry_count``.
+    total_entry_count : int, optional
+        N; required with a communicator, and must equal ``t.shape[0]`` with a tensor.
+
+    Returns
+    -------
+    (local_start, local_entry_count, entry_per_rank, total_entry_count) : tuple of int
+        This rank's first row, its number of rows, ``k`` and N. Ranks past the end get
+        ``local_start = N`` and 0 rows (the original could return a negative count).
 
     Raises
     ------
     TypeError
-        ``t`` is not a wholemem tensor.
+        ``t`` is a plain tensor, or ``total_entry_count`` is not an int.
+    ValueError
+        ``total_entry_count`` is missing for a communicator, negative, or differs from
+        ``t.shape[0]``.
+    RuntimeError
+        Library finalized or communicator destroyed.
     """
-    _check_target(t, "get_partition_plan")
-    if isinstance(t, _WmTensor):
-        return t._rpr
-    info = _info(t)
-    if info is None:
-        raise TypeError("get_partition_plan: t is a plain torch.Tensor, not one made by create_wm_tensor")
-    return rows_per_rank(info.layout.nrows, info.comm.size)
+    from ._comm import Communicator
+
+    if total_entry_count is not None and (
+        isinstance(total_entry_count, bool) or not isinstance(total_entry_count, int)
+    ):
+        raise TypeError(f"get_partition_plan: total_entry_count must be an int, got {total_entry_count!r}")
+    if isinstance(t, Communicator):
+        _lib.require_init("get_partition_plan")
+        t.check_alive("get_partition_plan")
+        if total_entry_count is None:
+            raise ValueError("get_partition_plan: total_entry_count is required when a communicator is given")
+        comm, n = t, int(total_entry_count)
+    else:
+        _check_target(t, "get_partition_plan")
+        if isinstance(t, _WmTensor):
+            comm = t.comm
+        else:
+            info = _info(t)
+            if info is None:
+                raise TypeError("get_partition_plan: t is a plain torch.Tensor, not one made by create_wm_tensor")
+            comm = info.comm
+        n = int(t.shape[0])
+        if total_entry_count is not None and total_entry_count != n:
+            raise ValueError(f"get_partition_plan: total_entry_count={total_entry_count} but t.shape[0]={n}")
+    if n < 0:
+        raise ValueError(f"get_partition_plan: total_entry_count must be >= 0, got {n}")
+    k = (n + comm.size - 1) // comm.size
+    start = min(comm.rank * k, n)
+    end = min(k * (comm.rank + 1), n)
+    return start, max(0, end - start), k, n
 
 
 def get_local_tensor(t: WmAny) -> tuple[torch.Tensor, int]:

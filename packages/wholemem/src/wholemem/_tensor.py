@@ -278,8 +278,18 @@ def _err(e: BaseException) -> tuple[str, str]:
     return (type(e).__name__ if isinstance(e, (TypeError, ValueError, OSError)) else "RuntimeError", str(e))
 
 
-def create_wm_tensor(comm: Communicator, shape: Any, stride: Any, dtype: Any, tensor_type: WmTensorType) -> Any:
+def create_wm_tensor(
+    comm: Communicator,
+    shape: Any,
+    stride: Any = (),
+    dtype: Any = torch.float32,
+    tensor_type: WmTensorType = WmTensorType.CHUNKED,
+) -> Any:
     """Collective: create a tensor shared by (or partitioned over) the ranks of ``comm``.
+
+    Same positional arguments and defaults as WholeGraph's
+    ``create_wm_tensor(wm_comm, sizes, strides=[], tensor_dtype=torch.float32,
+    wm_tensor_type=WmTensorType.CHUNKED)``.
 
     Parameters
     ----------
@@ -287,11 +297,11 @@ def create_wm_tensor(comm: Communicator, shape: Any, stride: Any, dtype: Any, te
         Every rank of it must call with the same arguments (checked).
     shape : sequence of int
         Size of each dimension; dim 0 (rows) is partitioned.
-    stride : sequence of int
+    stride : sequence of int, default ()
         Strides in elements, or empty for a contiguous layout.
-    dtype : torch.dtype
+    dtype : torch.dtype, default torch.float32
         float16, bfloat16, float32, float64, int8, int16, int32, int64, uint8 or bool.
-    tensor_type : WmTensorType
+    tensor_type : WmTensorType, default WmTensorType.CHUNKED
         HOST / DEVICE return a ``torch.Tensor``; CHUNKED a :class:`ChunkedTensor`;
         NCCL (= DISTRIBUTED) an :class:`NCCLTensor`. Zero-initialised.
 

@@ -47,10 +47,14 @@ def check_tensor(
         assert t.get_ptr() != 0
         if stride:
             assert tuple(t.stride) == tuple(stride) and t.stride() == tuple(stride)
-    k = wg.get_partition_plan(t)
-    assert k == max(1, -(-n // size))
+    # WholeGraph's plan: (local_start, local_entry_count, entry_per_rank, total_entry_count), k = ceil(n/size)
+    k = -(-n // size)
+    start = min(n, rank * k)
+    plan = (start, min(n, (rank + 1) * k) - start, k, n)
+    assert wg.get_partition_plan(t) == plan, (wg.get_partition_plan(t), plan)
+    assert wg.get_partition_plan(t, n) == plan and wg.get_partition_plan(comm, n) == plan
     lo, hi = owned_rows(t)
-    assert (lo, hi) == (min(n, rank * k), min(n, (rank + 1) * k)), (lo, hi, rank, k, n)
+    assert (lo, hi) == (plan[0], plan[0] + plan[1]), (lo, hi, plan)
     # zero-initialised
     assert torch.all(wg.gather(t, torch.arange(n)) == 0)
     comm.barrier()
@@ -116,6 +120,31 @@ def main() -> None:
         check_tensor(comm, ty, [1, 3], [], torch.float32)
         check_tensor(comm, ty, [0, 3], [], torch.float32)
 
+    # the original's free functions, defaults and (start, count) sub-tensors
+    assert wg.get_rank(comm) == rank and wg.get_size(comm) == size
+    wg.barrier(comm)
+    c = wg.create_wm_tensor(comm, [n, 4])  # strides=[], float32, CHUNKED by default
+    assert isinstance(c, wg.ChunkedTensor) and c.dtype == torch.float32 and c.stride() == (4, 1)
+    assert wg.get_wm_tensor_type(c) is T.CHUNKED and wg.get_wm_communicator(c) is comm
+    nt = wg.create_wm_tensor(comm, [n, 4], [], torch.float32, T.NCCL)
+    h = wg.create_wm_tensor(comm, [n, 4], [], torch.float32, T.HOST)
+    assert wg.get_wm_tensor_type(nt) is T.NCCL and wg.get_wm_tensor_type(h) is T.HOST
+    assert wg.get_wm_communicator(h) is comm
+    for x in (c, nt):
+        lo, hi = owned_rows(x)
+        wg.scatter(x, torch.arange(lo, hi), expected(torch.arange(lo, hi), 4, torch.float32))
+    comm.barrier()
+    full = expected(torch.arange(n), 4, torch.float32)
+    sc = wg.get_sub_chunked_tensor(c, [2, 1], [3])  # rows 2..4, columns 1..3 (count missing = to the end)
+    assert tuple(sc.shape) == (3, 3)
+    assert torch.equal(wg.gather(sc, torch.tensor([0, 2, 1])), full[[2, 4, 3], 1:])
+    tail = wg.get_sub_chunked_tensor(c, [n - 2], [-1])
+    assert tuple(tail.shape) == (2, 4) and torch.equal(wg.gather(tail, torch.tensor([1, 0])), full[[n - 1, n - 2]])
+    sn = wg.get_sub_nccl_tensor(nt, [1, 0], [2, 2])  # rows 1..2, columns 0..1
+    assert tuple(sn.shape) == (2, 2)
+    assert torch.equal(wg.gather(sn, torch.tensor([1, 0, 1])), full[[2, 1, 2], :2])  # collective
+    comm.barrier()
+
     # DISTRIBUTED is NCCL
     assert isinstance(wg.create_wm_tensor(comm, [4, 2], [], torch.float32, wg.DISTRIBUTED), wg.NCCLTensor)
 
@@ -149,9 +178,11 @@ def main() -> None:
             with pytest.raises(RuntimeError, match=f"rank {size - 1}"):
                 wg.create_wm_tensor(comm, [10, 2], [], bad_dtype, T.CHUNKED)
     comm.barrier()
-    comm.destroy()
+    wg.destroy_communicator(comm)
     with pytest.raises(RuntimeError, match="destroyed"):
         comm.barrier()
+    with pytest.raises(RuntimeError, match="destroyed"):
+        wg.get_rank(comm)
     wg.finalize_lib()
     if rank == 0:
         print("worker_tensors OK", size)

@@ -1,0 +1,175 @@
+"""Module-level spellings of WholeGraph's ``wholegraph_pytorch`` / ``wg_torch.wm_tensor`` API.
+
+The original passed communicators around as integer handles and offered free
+functions on them (``get_rank(comm)``, ``barrier(comm)``, ...); wholemem's
+:class:`Communicator` has methods, and these functions call them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import _lib
+from ._comm import Communicator
+from ._ops import _check_target, _info, get_sub_tensor
+from ._tensor import ChunkedTensor, NCCLTensor, WmTensorType, _WmTensor, host_info
+
+
+def _comm(comm: Any, what: str) -> Communicator:
+    if not isinstance(comm, Communicator):
+        raise TypeError(f"{what}: expected a wholemem.Communicator, got {type(comm).__name__}")
+    _lib.require_init(what)
+    return comm
+
+
+def get_rank(comm: Communicator) -> int:
+    """This process's rank in ``comm``.
+
+    Raises
+    ------
+    TypeError
+        ``comm`` is not a communicator.
+    RuntimeError
+        The library was finalized or the communicator destroyed.
+    """
+    c = _comm(comm, "get_rank")
+    c.check_alive("get_rank")
+    return c.rank
+
+
+def get_size(comm: Communicator) -> int:
+    """Number of ranks of ``comm``.
+
+    Raises
+    ------
+    TypeError
+        ``comm`` is not a communicator.
+    RuntimeError
+        The library was finalized or the communicator destroyed.
+    """
+    c = _comm(comm, "get_size")
+    c.check_alive("get_size")
+    return c.size
+
+
+def barrier(comm: Communicator) -> None:
+    """Collective: wait until every rank of ``comm`` reaches the barrier.
+
+    Raises
+    ------
+    TypeError
+        ``comm`` is not a communicator.
+    RuntimeError
+        The library was finalized or the communicator destroyed.
+    """
+    _comm(comm, "barrier").barrier()
+
+
+def destroy_communicator(comm: Communicator) -> None:
+    """Collective: destroy ``comm`` (same as ``comm.destroy()``).
+
+    Raises
+    ------
+    TypeError
+        ``comm`` is not a communicator.
+    """
+    if not isinstance(comm, Communicator):
+        raise TypeError(f"destroy_communicator: expected a wholemem.Communicator, got {type(comm).__name__}")
+    comm.destroy()
+
+
+def get_wm_communicator(t: Any) -> Communicator:
+    """The communicator a wholemem tensor was created on.
+
+    Raises
+    ------
+    TypeError
+        ``t`` is not a wholemem tensor.
+    RuntimeError
+        The library was finalized or the communicator destroyed.
+    """
+    _check_target(t, "get_wm_communicator")
+    if isinstance(t, _WmTensor):
+        return t.comm
+    info = _info(t)
+    if info is None:
+        raise TypeError("get_wm_communicator: t is a plain torch.Tensor, not one made by create_wm_tensor")
+    return info.comm
+
+
+def get_wm_tensor_type(t: Any) -> WmTensorType:
+    """HOST or DEVICE for a ``torch.Tensor`` made by wholemem, CHUNKED or NCCL for the others.
+
+    Raises
+    ------
+    TypeError
+        ``t`` is not a wholemem tensor.
+    """
+    if isinstance(t, _WmTensor):
+        return t.tensor_type
+    if isinstance(t, torch.Tensor) and host_info(t) is not None:
+        return WmTensorType.DEVICE if t.device.type == "cuda" else WmTensorType.HOST
+    raise TypeError(f"get_wm_tensor_type: not a wholemem tensor: {type(t).__name__}")
+
+
+def _start_count_to_ranges(t: Any, start: Any, count: Any, what: str) -> tuple[list[int], list[int]]:
+    """WholeGraph's (start, count) sub-tensor arguments as (starts, ends); count -1 = to the end."""
+    if not isinstance(start, (list, tuple)) or not isinstance(count, (list, tuple)):
+        raise TypeError(f"{what}: start and count must be lists of ints")
+    for v in (*start, *count):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{what}: start and count must hold ints, got {v!r}")
+    dim = t.dim()
+    if len(start) > dim or len(count) > dim:
+        raise ValueError(f"{what}: start/count have more entries than the {dim} dimensions")
+    if len(count) > len(start):
+        raise ValueError(f"{what}: count has more entries ({len(count)}) than start ({len(start)})")
+    starts, ends = [], []
+    for i in range(dim):
+        size = int(t.shape[i])
+        s = int(start[i]) if i < len(start) else 0
+        if s < 0 or s > size:
+            raise ValueError(f"{what}: start[{i}]={s} is outside [0, {size}]")
+        c = int(count[i]) if i < len(count) else -1
+        if c < -1 or c > size - s:
+            raise ValueError(f"{what}: count[{i}]={c} must be -1 or in [0, {size - s}] (size {size}, start {s})")
+        starts.append(s)
+        ends.append(size if c == -1 else s + c)
+    return starts, ends
+
+
+def get_sub_chunked_tensor(ct: ChunkedTensor, start: Any, count: Any) -> ChunkedTensor:
+    """WholeGraph's ``get_sub_chunked_tensor(ct, start, count)``: a view of ``count[d]`` entries
+    from ``start[d]`` in each dimension (missing entries: whole dimension; count -1: to the end).
+
+    Raises
+    ------
+    TypeError
+        ``ct`` is not a ChunkedTensor, or start / count are not lists of ints.
+    ValueError
+        A start or count outside the tensor.
+    """
+    if not isinstance(ct, ChunkedTensor):
+        raise TypeError(f"get_sub_chunked_tensor: expected a ChunkedTensor, got {type(ct).__name__}")
+    starts, ends = _start_count_to_ranges(ct, start, count, "get_sub_chunked_tensor")
+    out: ChunkedTensor = get_sub_tensor(ct, starts, ends)
+    return out
+
+
+def get_sub_nccl_tensor(nt: NCCLTensor, start: Any, count: Any) -> NCCLTensor:
+    """WholeGraph's ``get_sub_nccl_tensor(nt, start, count)`` (see :func:`get_sub_chunked_tensor`).
+
+    Raises
+    ------
+    TypeError
+        ``nt`` is not an NCCLTensor, or start / count are not lists of ints.
+    ValueError
+        A start or count outside the tensor.
+    """
+    if not isinstance(nt, NCCLTensor):
+        raise TypeError(f"get_sub_nccl_tensor: expected an NCCLTensor, got {type(nt).__name__}")
+    starts, ends = _start_count_to_ranges(nt, start, count, "get_sub_nccl_tensor")
+    out: NCCLTensor = get_sub_tensor(nt, starts, ends)
+    return out
