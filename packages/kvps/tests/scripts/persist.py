@@ -67,8 +67,14 @@ else:
     server.load(PATH)
     out = torch.zeros(total, dtype=DT)
     w.pull(allk, out)
-    assert torch.equal(out, expected(saved)), f"loaded state differs (saved on {saved} ranks, loaded on {size})"
+    exp = expected(saved)
+    bad = (out != exp).nonzero().flatten()
+    assert bad.numel() == 0, (
+        f"rank {rank}: loaded state differs (saved on {saved} ranks, loaded on {size}) at {bad.numel()} elements, "
+        f"first {bad[:6].tolist()}: {out[bad[:6]].tolist()} != {exp[bad[:6]].tolist()}"
+    )
     # pushes after a load still sum exactly
+    w.barrier()  # every rank checked the loaded state before anyone pushes
     w.push(allk, torch.ones(total, dtype=DT))
     w.barrier()
     w.pull(allk, out)
