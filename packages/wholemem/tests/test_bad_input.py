@@ -277,3 +277,37 @@ def test_original_api_spellings(comm: wg.Communicator) -> None:
     wg.destroy_communicator(comm)
     with pytest.raises(RuntimeError, match="destroyed"):
         wg.get_size(comm)
+
+
+def test_wholegraph_file_lists(comm: wg.Communicator, tmp_path: Path) -> None:
+    # <prefix>_part_<i>_of_<n> parts, not aligned with the ranks' rows, in part order (not name order)
+    data = torch.arange(24, dtype=torch.int32).reshape(12, 2)
+    for i, (a, b) in enumerate(((0, 1), (1, 10), (10, 11), (11, 12))):
+        data[a:b].numpy().tofile(tmp_path / f"f_part_{i}_of_4")
+    assert wg.stat_filelist_element_count(tmp_path / "f", torch.int32) == 24
+    assert wg.stat_filelist_element_count(tmp_path / "f", torch.int64) == 12
+    t = wg.create_wm_tensor_from_file([12, 2], torch.int32, comm, str(tmp_path / "f"), T.HOST)
+    assert torch.equal(t, data)
+    t2 = wg.create_wm_tensor(comm, [12, 2], [], torch.int32, T.NCCL)
+    wg.load_from_files(t2, tmp_path / "f")
+    assert torch.equal(wg.gather(t2, torch.arange(12)), data)
+    # a single file named exactly like the prefix
+    data.numpy().tofile(tmp_path / "single")
+    assert torch.equal(
+        wg.gather(wg.create_wm_tensor_from_file([], torch.int32, comm, tmp_path / "single"), torch.arange(24)),
+        data.reshape(-1),
+    )
+    with pytest.raises(ValueError, match="holds 24 elements"):
+        wg.create_wm_tensor_from_file([5, 2], torch.int32, comm, tmp_path / "f")
+    (tmp_path / "f_part_3_of_4").rename(tmp_path / "g_part_0_of_2")
+    with pytest.raises(FileNotFoundError, match="f_part_3_of_4 is missing"):
+        wg.stat_filelist_element_count(tmp_path / "f", torch.int32)
+    with pytest.raises(FileNotFoundError, match="g_part_1_of_2 is missing"):
+        wg.load_from_files(t2, tmp_path / "g")
+    with pytest.raises(FileNotFoundError, match="no file"):
+        wg.stat_filelist_element_count(tmp_path / "nothing", torch.int32)
+    with pytest.raises(TypeError, match="dtype"):
+        wg.stat_filelist_element_count(tmp_path / "single", "int32")
+    (tmp_path / "odd").write_bytes(b"12345")
+    with pytest.raises(ValueError, match="whole number"):
+        wg.stat_filelist_element_count(tmp_path / "odd", torch.int32)

@@ -25,7 +25,7 @@ from ._compat import (
     get_wm_tensor_type,
 )
 from ._embedding import SGD, Adagrad, Embedding, LazyAdam, RMSProp
-from ._io import load_from_files, store_to_files
+from ._io import create_wm_tensor_from_file, load_from_files, stat_filelist_element_count, store_to_files
 from ._lib import finalize_lib, init_lib
 from ._ops import gather, get_local_tensor, get_partition_plan, get_sub_tensor, get_tensor_view, scatter
 from ._tensor import ChunkedTensor, NCCLTensor, WmTensorType, create_wm_tensor
@@ -52,6 +52,7 @@ __all__ = [
     "communicator_from_process_group",
     "create_communicator",
     "create_wm_tensor",
+    "create_wm_tensor_from_file",
     "destroy_communicator",
     "finalize_lib",
     "gather",
@@ -69,5 +70,6 @@ __all__ = [
     "init_lib",
     "load_from_files",
     "scatter",
+    "stat_filelist_element_count",
     "store_to_files",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,43 @@ def store_local(
     return [str(d / f) for f in files]
 
 
+def part_files_from_prefix(file_prefix: str | os.PathLike[str]) -> list[Path]:
+    """WholeGraph's file-list convention: the file ``file_prefix`` itself, or the parts
+    ``<file_prefix>_part_<i>_of_<n>`` for i = 0..n-1, in part order.
+
+    Raises
+    ------
+    FileNotFoundError
+        Neither the file nor any part exists, or a part is missing.
+    ValueError
+        Parts of different counts (``_of_<n>``) share the prefix.
+    """
+    p = Path(file_prefix)
+    if p.is_file():
+        return [p]
+    pat = re.compile(re.escape(p.name) + r"_part_(\d+)_of_(\d+)")
+    found: dict[int, Path] = {}
+    counts = set()
+    if p.parent.is_dir():
+        for f in p.parent.iterdir():
+            m = pat.fullmatch(f.name)
+            if m and f.is_file():
+                found[int(m.group(1))] = f
+                counts.add(int(m.group(2)))
+    if not found:
+        raise FileNotFoundError(f"no file {p} and no part files {p}_part_<i>_of_<n>")
+    if len(counts) != 1:
+        raise ValueError(f"part files of {p} disagree on the number of parts: {sorted(counts)}")
+    n = counts.pop()
+    missing = [i for i in range(n) if i not in found]
+    if missing or len(found) != n:
+        raise FileNotFoundError(f"part file {p}_part_{missing[0] if missing else n}_of_{n} is missing")
+    return [found[i] for i in range(n)]
+
+
 def _resolve(files: Any, prefix: str) -> tuple[list[Path], dict[str, Any] | None]:
+    if isinstance(files, (str, os.PathLike)) and not Path(files).is_dir():
+        return part_files_from_prefix(files), None
     if isinstance(files, (str, os.PathLike)) and Path(files).is_dir():
         meta_path = Path(files) / f"{prefix}.json"
         if not meta_path.exists():
@@ -193,7 +230,9 @@ def load_from_files(t: Any, files: Any, *, prefix: str = "part") -> None:
     t : torch.Tensor (HOST), ChunkedTensor or NCCLTensor
     files : path or list of paths
         A directory written by :func:`store_to_files` (its ``<prefix>.json`` is checked
-        against ``t``), or the part files in row order (raw rows of ``t``'s dtype).
+        against ``t``); a WholeGraph file prefix (the file itself, or its parts
+        ``<prefix>_part_<i>_of_<n>``); or the part files in row order. Part files hold
+        raw rows of ``t``'s dtype, each a whole number of rows.
     prefix : str
         File name prefix inside a directory.
 
@@ -209,3 +248,74 @@ def load_from_files(t: Any, files: Any, *, prefix: str = "part") -> None:
     comm = _comm_of(t, "load_from_files")
     local, first = get_local_tensor(t)
     load_local(comm, int(t.shape[0]), tuple(t.shape[1:]), t.dtype, local, first, files, prefix)
+
+
+def stat_filelist_element_count(file_prefix: str | os.PathLike[str], dtype: torch.dtype) -> int:
+    """Elements of ``dtype`` in a WholeGraph file list (the file ``file_prefix`` or its parts
+    ``<file_prefix>_part_<i>_of_<n>``), as the original's ``stat_filelist_element_count``.
+
+    Raises
+    ------
+    FileNotFoundError
+        No such file or parts, or a part is missing.
+    ValueError
+        The files are not a whole number of elements.
+    TypeError
+        ``dtype`` is not a torch dtype.
+    """
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    total = sum(f.stat().st_size for f in part_files_from_prefix(file_prefix))
+    if total % itemsize:
+        raise ValueError(f"{file_prefix}: {total} bytes is not a whole number of {dtype} elements")
+    return total // itemsize
+
+
+def create_wm_tensor_from_file(
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    comm: Communicator,
+    filename: str | os.PathLike[str],
+    tensor_type: Any = None,
+    part_count: int = 0,
+) -> Any:
+    """Collective: WholeGraph's ``create_wm_tensor_from_file(shape, dtype, wm_comm, filename,
+    wm_tensor_type=CHUNKED, part_count=0)``: a tensor filled from a file list.
+
+    Parameters
+    ----------
+    shape : sequence of int
+        The tensor's shape; empty = 1-D with one entry per element of the files.
+    dtype : torch.dtype
+    comm : Communicator
+    filename : path
+        The file, or the prefix of ``<filename>_part_<i>_of_<n>`` parts.
+    tensor_type : WmTensorType, default CHUNKED
+    part_count : int
+        Accepted for compatibility; the parts found on disk are used (any number).
+
+    Returns
+    -------
+    torch.Tensor or ChunkedTensor or NCCLTensor
+
+    Raises
+    ------
+    ValueError
+        The files hold a different number of elements than ``shape``.
+    FileNotFoundError
+        The files are missing.
+    """
+    from ._tensor import WmTensorType, create_wm_tensor
+
+    count = stat_filelist_element_count(filename, dtype)
+    shp = [int(v) for v in shape]
+    if not shp:
+        shp = [count]
+    elif math.prod(shp) != count:
+        raise ValueError(
+            f"create_wm_tensor_from_file: {filename} holds {count} elements, shape {shp} needs {math.prod(shp)}"
+        )
+    t = create_wm_tensor(comm, shp, [], dtype, WmTensorType.CHUNKED if tensor_type is None else tensor_type)
+    load_from_files(t, filename)
+    return t

@@ -166,6 +166,22 @@ def main() -> None:
             wg.load_from_files(dst2, list(reversed(list(reversed(files)))))  # plain file list, no metadata
             assert torch.equal(wg.gather(dst2, torch.arange(n)), expected(torch.arange(n), ncols, dtype))
 
+    # WholeGraph's file convention: each rank wrote its local rows to <prefix>_part_<rank>_of_<size>
+    orig = wg.create_wm_tensor(comm, [n, 3], [], torch.float64, T.HOST)
+    lo, hi = owned_rows(orig)
+    local, _ = wg.get_local_tensor(orig)
+    local.copy_(expected(torch.arange(lo, hi), 3, torch.float64))
+    local.numpy().tofile(f"{tmp}/orig_part_{rank}_of_{size}")
+    comm.barrier()
+    assert wg.stat_filelist_element_count(f"{tmp}/orig", torch.float64) == 3 * n
+    for ty in (T.CHUNKED, T.NCCL):
+        back = wg.create_wm_tensor_from_file([n, 3], torch.float64, comm, f"{tmp}/orig", ty)
+        assert torch.equal(wg.gather(back, torch.arange(n)), expected(torch.arange(n), 3, torch.float64))
+    flat = wg.create_wm_tensor_from_file([], torch.float64, comm, f"{tmp}/orig")  # 1-D, CHUNKED by default
+    assert isinstance(flat, wg.ChunkedTensor) and tuple(flat.shape) == (3 * n,)
+    assert torch.equal(wg.gather(flat, torch.arange(3 * n)), expected(torch.arange(n), 3, torch.float64).reshape(-1))
+    comm.barrier()
+
     # mismatched arguments raise on every rank (no hang)
     if size > 1:
         with pytest.raises(ValueError, match="same arguments"):
