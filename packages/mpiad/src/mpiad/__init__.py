@@ -26,6 +26,7 @@ from ._constants import (
     MPI_PROD,
     MPI_SUM,
 )
+from ._errors import MpiadTypeError, MpiadValueError
 from ._p2p import WaitHandle
 from ._raw import cuda_aware, deactivate_cuda_aware_mpi_support, debug_enabled, empty_cache, set_debug
 from ._version import __version__
@@ -47,6 +48,8 @@ __all__ = [
     "MPI_MINLOC",
     "MPI_PROD",
     "MPI_SUM",
+    "MpiadTypeError",
+    "MpiadValueError",
     "Communicator",
     "JoinDummies",
     "JoinDummiesHandle",

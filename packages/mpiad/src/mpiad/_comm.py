@@ -17,6 +17,7 @@ import torch
 from . import _functions as F
 from . import _mpiad, _p2p, _raw
 from ._constants import MPI_MAXLOC, MPI_MINLOC, MPI_SUM
+from ._errors import MpiadTypeError, MpiadValueError
 from ._p2p import WaitHandle
 
 Tensor = torch.Tensor
@@ -51,7 +52,7 @@ def _check_out(out: Any, t: Tensor) -> None:
         and out.shape == t.shape
         and not out.requires_grad
     ):
-        raise ValueError("out must be a contiguous CPU tensor of the input's shape and dtype, without grad")
+        raise MpiadValueError("out must be a contiguous CPU tensor of the input's shape and dtype, without grad")
 
 
 _REGISTRY: dict[int, Communicator] = {}
@@ -62,7 +63,7 @@ def lookup(handle: int) -> Communicator:
     try:
         return _REGISTRY[handle]
     except KeyError:
-        raise ValueError(f"no mpiad communicator with handle {handle:#x}") from None
+        raise MpiadValueError(f"no mpiad communicator with handle {handle:#x}") from None
 
 
 class Communicator:
@@ -76,9 +77,9 @@ class Communicator:
         from mpi4py import MPI
 
         if not isinstance(comm, MPI.Comm):
-            raise TypeError(f"expected an mpi4py communicator (mpi4py.MPI.Comm), got {type(comm).__name__}")
+            raise MpiadTypeError(f"expected an mpi4py communicator (mpi4py.MPI.Comm), got {type(comm).__name__}")
         if comm == MPI.COMM_NULL:
-            raise ValueError("cannot wrap MPI.COMM_NULL (this rank is not part of the communicator)")
+            raise MpiadValueError("cannot wrap MPI.COMM_NULL (this rank is not part of the communicator)")
         self._comm = comm  # keeps the mpi4py object (and the MPI handle) alive
         self._handle = int(comm.handle)
         self._rank = int(_mpiad.comm_rank(self._handle))
@@ -165,7 +166,7 @@ class Communicator:
         op = _check_op(op, t)
         if out is not None:
             if t.requires_grad or not t.is_cpu or not t.is_contiguous() or _is_compiling():
-                raise ValueError("out= is only supported for contiguous CPU tensors that do not require grad")
+                raise MpiadValueError("out= is only supported for contiguous CPU tensors that do not require grad")
             _check_out(out, t)
             _raw.debug_check(self._handle, _raw.OP_ALLREDUCE, t, op)
             n = t.numel()
@@ -254,18 +255,18 @@ class Communicator:
         t = _raw.check_tensor(tensor)
         op = _check_op(op, t)
         if op in (MPI_MINLOC, MPI_MAXLOC):
-            raise TypeError("Reduce_scatter does not support MPI_MINLOC / MPI_MAXLOC")
+            raise MpiadTypeError("Reduce_scatter does not support MPI_MINLOC / MPI_MAXLOC")
         axis = _raw.check_axis(scatteraxis, "scatteraxis", t.dim())
         if numelem is None:
             if t.shape[axis] % self._size:
-                raise ValueError(
+                raise MpiadValueError(
                     f"Reduce_scatter: size {t.shape[axis]} along axis {axis} does not divide by {self._size} ranks; "
                     f"pass numelem"
                 )
             numelem = t.shape[axis] // self._size
         numelem = _raw.check_int(numelem, "numelem")
         if numelem < 0:
-            raise ValueError(f"numelem must be >= 0, got {numelem}")
+            raise MpiadValueError(f"numelem must be >= 0, got {numelem}")
         if _is_compiling():
             return torch.ops.mpiad.reduce_scatter(t, self._handle, op, axis, numelem)
         if _needs_grad(t):
@@ -325,7 +326,7 @@ class Communicator:
         axis = _raw.check_int(scatteraxis, "scatteraxis")
         numelem = _raw.check_int(numelem, "numelem")
         if numelem < 0:
-            raise ValueError(f"numelem must be >= 0, got {numelem}")
+            raise MpiadValueError(f"numelem must be >= 0, got {numelem}")
         root = _raw.check_rank(root, "root", self._size)
         if _is_compiling():
             return torch.ops.mpiad.scatter(t, self._handle, axis, numelem, root)
@@ -350,7 +351,7 @@ class Communicator:
         saxis = _raw.check_axis(scatteraxis, "scatteraxis", t.dim())
         numelem = _raw.check_int(numelem, "numelem")
         if numelem < 0:
-            raise ValueError(f"numelem must be >= 0, got {numelem}")
+            raise MpiadValueError(f"numelem must be >= 0, got {numelem}")
         if _is_compiling():
             return torch.ops.mpiad.alltoall(t, self._handle, gaxis, saxis, numelem)
         if _needs_grad(t):
@@ -495,13 +496,13 @@ def JoinDummies(loopthrough: Tensor, dummies: list[Tensor]) -> Tensor:
         ``loopthrough`` or an entry of ``dummies`` is not a tensor.
     """
     if not isinstance(loopthrough, torch.Tensor):
-        raise TypeError(f"JoinDummies: loopthrough must be a torch.Tensor, got {type(loopthrough).__name__}")
+        raise MpiadTypeError(f"JoinDummies: loopthrough must be a torch.Tensor, got {type(loopthrough).__name__}")
     ds = list(dummies) if isinstance(dummies, (list, tuple)) else None
     if ds is None:
-        raise TypeError(f"JoinDummies: dummies must be a list of tensors, got {type(dummies).__name__}")
+        raise MpiadTypeError(f"JoinDummies: dummies must be a list of tensors, got {type(dummies).__name__}")
     for i, d in enumerate(ds):
         if not isinstance(d, torch.Tensor):
-            raise TypeError(
+            raise MpiadTypeError(
                 f"JoinDummies: dummies[{i}] must be a torch.Tensor, got {type(d).__name__} (pass handle.dummy for handles)"
             )
     if _is_compiling():

@@ -66,9 +66,9 @@ class NoInplaceReuse(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[None, None]:
         raise RuntimeError(
-            f"mpiad: a tensor passed to the in-place {ctx.opname} was used again afterwards; its contents were "
-            f"overwritten. Reuse of variables passed to in-place MPI kernels is not supported: use the return "
-            f"value of {ctx.opname} instead."
+            "Reuse of variables passed to in-place MPI kernels not supported! Try using the return value "
+            f"(mpiad: a tensor passed to the in-place {ctx.opname} was used again afterwards; its contents were "
+            f"overwritten: use the return value of {ctx.opname} instead)."
         )
 
 

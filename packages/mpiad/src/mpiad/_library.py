@@ -18,6 +18,7 @@ import torch
 
 from . import _grad, _raw
 from ._constants import MPI_SUM
+from ._errors import MpiadValueError
 
 Tensor = torch.Tensor
 
@@ -31,7 +32,7 @@ def _rs(comm: int) -> tuple[int, int]:
 
 def _check_shape(out: Tensor, want: list[int], what: str) -> Tensor:
     if list(out.shape) != want:
-        raise ValueError(
+        raise MpiadValueError(
             f"mpiad (torch.compile): {what} produced shape {list(out.shape)}, but the compiled graph assumed "
             f"{want}; compiled code needs equal sizes along gather axes on every rank (and non-root Scatter inputs "
             f"shaped like root's tensor)"

@@ -15,6 +15,7 @@ import torch
 
 from . import _mpiad, _raw
 from ._constants import BACKWARD_TAG_OFFSET
+from ._errors import MpiadTypeError
 
 Tensor = torch.Tensor
 
@@ -151,7 +152,7 @@ def irecv(comm: int, t: Tensor, source: int, tag: int) -> WaitHandle:
 
 def wait(handle: WaitHandle) -> Tensor:
     if not isinstance(handle, WaitHandle):
-        raise TypeError(f"Wait expects a WaitHandle, got {type(handle).__name__}")
+        raise MpiadTypeError(f"Wait expects a WaitHandle, got {type(handle).__name__}")
     link = handle._link
     if link.waited:
         raise RuntimeError(f"{handle!r} was already waited for; each handle can be waited for once")
@@ -174,5 +175,5 @@ def join_dummies_handle(handle: WaitHandle, dummies: list[Tensor]) -> WaitHandle
     from ._comm import JoinDummies
 
     if not isinstance(handle, WaitHandle):
-        raise TypeError(f"JoinDummiesHandle expects a WaitHandle, got {type(handle).__name__}")
+        raise MpiadTypeError(f"JoinDummiesHandle expects a WaitHandle, got {type(handle).__name__}")
     return WaitHandle(JoinDummies(handle._dummy, dummies), handle._link)

@@ -19,6 +19,7 @@ from distkit_common.dtypes import CODES
 
 from . import _mpiad
 from ._constants import MPI_MAXLOC, MPI_MINLOC, OP_NAMES
+from ._errors import MpiadTypeError, MpiadValueError
 
 Tensor = torch.Tensor
 
@@ -66,18 +67,18 @@ def dtype_code(t: Tensor, name: str = "tensor") -> int:
     code = _CODE.get(t.dtype)
     if code is None:
         supported = ", ".join(str(d).removeprefix("torch.") for d in _CODE)
-        raise TypeError(f"{name} has unsupported dtype {t.dtype}; supported: {supported}")
+        raise MpiadTypeError(f"{name} has unsupported dtype {t.dtype}; supported: {supported}")
     return code
 
 
 def check_tensor(t: Any, name: str = "tensor") -> Tensor:
     """TypeError unless ``t`` is a strided CPU/CUDA tensor of a supported dtype."""
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__} {t!r:.80}")
+        raise MpiadTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__} {t!r:.80}")
     if t.layout != torch.strided:
-        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+        raise MpiadTypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
     if not (t.is_cpu or t.is_cuda or t.is_meta):
-        raise ValueError(f"{name} must live on the CPU or a CUDA device, got {t.device}")
+        raise MpiadValueError(f"{name} must live on the CPU or a CUDA device, got {t.device}")
     dtype_code(t, name)
     return t
 
@@ -91,38 +92,38 @@ def check_int(v: Any, name: str) -> int:
                 return int(v)
         except ImportError:  # pragma: no cover
             pass
-        raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r:.80}")
+        raise MpiadTypeError(f"{name} must be an int, got {type(v).__name__} {v!r:.80}")
     return v
 
 
 def check_rank(v: Any, name: str, size: int) -> int:
     v = check_int(v, name)
     if not 0 <= v < size:
-        raise ValueError(f"{name} = {v} is out of range for a communicator of size {size} (valid: 0..{size - 1})")
+        raise MpiadValueError(f"{name} = {v} is out of range for a communicator of size {size} (valid: 0..{size - 1})")
     return v
 
 
 def check_axis(v: Any, name: str, ndim: int) -> int:
     v = check_int(v, name)
     if not -ndim <= v < ndim:
-        raise ValueError(f"{name} = {v} is out of range for a tensor with {ndim} dimension(s)")
+        raise MpiadValueError(f"{name} = {v} is out of range for a tensor with {ndim} dimension(s)")
     return v % ndim
 
 
 def check_tag(v: Any, name: str) -> int:
     v = check_int(v, name)
     if not 0 <= v <= 32767 - 10:
-        raise ValueError(f"{name} = {v} is out of range (0..32757; tag+10 carries the gradient)")
+        raise MpiadValueError(f"{name} = {v} is out of range (0..32757; tag+10 carries the gradient)")
     return v
 
 
 def check_op(op: Any, t: Tensor) -> int:
     op = check_int(op, "op")
     if op not in OP_NAMES:
-        raise ValueError(f"op = {op} is not one of the MPI_* constants")
+        raise MpiadValueError(f"op = {op} is not one of the MPI_* constants")
     _check_op_dtype(op, t.dtype)
     if op in (MPI_MINLOC, MPI_MAXLOC) and (t.dim() == 0 or t.shape[-1] != 2):
-        raise ValueError(
+        raise MpiadValueError(
             f"{OP_NAMES[op]} needs (value, index) pairs in the last dimension (size 2), got shape {tuple(t.shape)}"
         )
     return op
@@ -143,7 +144,7 @@ def _check_op_dtype(op: int, dtype: torch.dtype) -> None:
     else:  # logical / bitwise
         ok = dtype not in _FLOATS and dtype not in _COMPLEX
     if not ok:
-        raise TypeError(f"{OP_NAMES[op]} is not supported for dtype {str(dtype).removeprefix('torch.')}")
+        raise MpiadTypeError(f"{OP_NAMES[op]} is not supported for dtype {str(dtype).removeprefix('torch.')}")
 
 
 def op_name(op: int) -> str:
@@ -209,7 +210,7 @@ def _signature(opid: int, t: Tensor | None, a: int = 0, b: int = 0, c: int = 0) 
     if t is None:
         return [opid, -1, -1, *([-1] * _MAXDIM), a, b, c]
     if t.dim() > _MAXDIM:
-        raise ValueError(f"tensors with more than {_MAXDIM} dimensions are not supported, got {t.dim()}")
+        raise MpiadValueError(f"tensors with more than {_MAXDIM} dimensions are not supported, got {t.dim()}")
     shape = list(t.shape) + [-1] * (_MAXDIM - t.dim())
     return [opid, dtype_code(t), t.dim(), *shape, a, b, c]
 
@@ -436,12 +437,12 @@ def scatter(comm: int, t: Tensor, axis: int, numelem: int, root: int, rank: int)
     rsig = sigs[root]
     ndim = rsig[2]
     if not -ndim <= axis < ndim:
-        raise ValueError(f"Scatter: scatteraxis = {axis} is out of range for root's {ndim}-d tensor")
+        raise MpiadValueError(f"Scatter: scatteraxis = {axis} is out of range for root's {ndim}-d tensor")
     axis %= ndim
     shape = list(rsig[3 : 3 + ndim])
     numelems = [s[-1] for s in sigs]
     if any(n < 0 for n in numelems) or sum(numelems) != shape[axis]:
-        raise ValueError(
+        raise MpiadValueError(
             f"Scatter: the ranks' numelem {numelems} sum to {sum(numelems)}, but root's tensor has "
             f"{shape[axis]} elements along scatteraxis {axis}"
         )
@@ -476,13 +477,13 @@ def alltoall(comm: int, t: Tensor, gaxis: int, saxis: int, numelem: int) -> Tens
             if i != saxis:
                 inner[r] *= s[3 + i]
     if any(n < 0 for n in numelems):
-        raise ValueError(f"Alltoall: numelem must be >= 0, got {numelems}")
+        raise MpiadValueError(f"Alltoall: numelem must be >= 0, got {numelems}")
     x = _front(t, saxis)
     rest = list(x.shape[1:])
     if gaxis != saxis:
         bad = [r for r in range(size) if ssizes[r] != sum(numelems)]
         if bad:
-            raise ValueError(
+            raise MpiadValueError(
                 f"Alltoall: the ranks' numelem {numelems} sum to {sum(numelems)}, but rank {bad[0]}'s tensor has "
                 f"{ssizes[bad[0]]} elements along scatteraxis {saxis}"
             )
@@ -502,7 +503,7 @@ def alltoall(comm: int, t: Tensor, gaxis: int, saxis: int, numelem: int) -> Tens
         return from_mpi(torch.cat(blocks, dim=gaxis), t)
     # gather axis == scatter axis: re-partition the global concatenation
     if sum(gsizes) != sum(numelems):
-        raise ValueError(
+        raise MpiadValueError(
             f"Alltoall: the ranks' numelem {numelems} sum to {sum(numelems)}, but their tensors hold "
             f"{sum(gsizes)} elements along axis {gaxis} in total"
         )
@@ -528,7 +529,7 @@ def reduce_scatter(comm: int, t: Tensor, op: int, axis: int, numelem: int) -> Te
     check_signatures([s[:-1] for s in sigs])
     numelems = [s[-1] for s in sigs]
     if any(n < 0 for n in numelems) or sum(numelems) != t.shape[axis]:
-        raise ValueError(
+        raise MpiadValueError(
             f"Reduce_scatter: the ranks' numelem {numelems} sum to {sum(numelems)}, but the tensors have "
             f"{t.shape[axis]} elements along axis {axis}"
         )
@@ -542,7 +543,7 @@ def reduce_scatter(comm: int, t: Tensor, op: int, axis: int, numelem: int) -> Te
 def sendrecv(comm: int, t: Tensor, dest: int, sendtag: int, like: Tensor, source: int, recvtag: int) -> Tensor:
     """Send ``t`` to ``dest`` and receive a tensor shaped like ``like`` from ``source``."""
     if like.dtype != t.dtype:
-        raise TypeError(f"Sendrecv: send dtype {t.dtype} differs from receive dtype {like.dtype}")
+        raise MpiadTypeError(f"Sendrecv: send dtype {t.dtype} differs from receive dtype {like.dtype}")
     x = to_mpi(t)
     out = mpi_empty(like.shape, like)
     _mpiad.sendrecv(

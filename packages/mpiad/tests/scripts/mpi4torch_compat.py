@@ -199,7 +199,7 @@ def inplace_semantics() -> None:
     try:
         res.sum().backward()
     except RuntimeError as e:
-        assert "use the return value" in str(e)
+        assert "Reuse of variables passed to in-place MPI kernels not supported! Try using the return value" in str(e)
     else:
         raise AssertionError("reusing Reduce_'s input did not raise")
     # JoinDummies: the same object without grad-requiring dummies, an alias otherwise
@@ -227,7 +227,32 @@ def gather_nonroot_and_scatter_nonroot() -> None:
     assert torch.equal(s, (torch.arange(4, dtype=torch.float32) * size + rank).view(4, 1)), s
 
 
+def errors_are_runtime_errors() -> None:
+    """mpi4torch's TorchScript communicator surfaced every error as RuntimeError; mpiad's
+    ValueError / TypeError subclasses are RuntimeErrors too, raised on every rank."""
+    bad = [
+        (lambda: comm.Allreduce(torch.ones(2), 12), mpi4torch.MpiadValueError, "op = 12"),
+        (lambda: comm.Allreduce([1.0], mpi4torch.MPI_SUM), mpi4torch.MpiadTypeError, "torch.Tensor"),
+        (lambda: comm.Allreduce(torch.ones(2), mpi4torch.MPI_BXOR), mpi4torch.MpiadTypeError, "MPI_BXOR"),
+        (lambda: comm.Bcast_(torch.ones(2), size), mpi4torch.MpiadValueError, "root"),
+        (lambda: comm.Gather(torch.ones(2), 1, 0), mpi4torch.MpiadValueError, "gatheraxis"),
+        (lambda: comm.Scatter(torch.ones(1, 3), 0, 2, 0), mpi4torch.MpiadValueError, "sum to"),
+        (lambda: comm.Alltoall(torch.ones(2, size + 1), 0, 1, 1), mpi4torch.MpiadValueError, "sum to"),
+        (lambda: comm.Isend(torch.ones(2), size + 2, 0), mpi4torch.MpiadValueError, "dest"),
+        (lambda: comm.Wait(None), mpi4torch.MpiadTypeError, "WaitHandle"),  # type: ignore[arg-type]
+    ]
+    for fn, exc, words in bad:
+        try:
+            fn()
+        except RuntimeError as e:
+            assert isinstance(e, exc) and words in str(e), (type(e), e)
+        else:
+            raise AssertionError(f"no error for {words}")
+    assert issubclass(mpi4torch.MpiadValueError, ValueError) and issubclass(mpi4torch.MpiadTypeError, TypeError)
+
+
 for fn in (
+    errors_are_runtime_errors,
     api_surface,
     alltoall_equivalences,
     nonblocking_orders,
