@@ -84,6 +84,8 @@ class Communicator:
         self._handle = int(comm.handle)
         self._rank = int(_mpiad.comm_rank(self._handle))
         self._size = int(_mpiad.comm_size(self._handle))
+        ub = comm.Get_attr(MPI.TAG_UB)  # the largest tag this MPI accepts (>= 32767 by the standard)
+        self._tag_ub = int(ub) if ub else 32767
         _REGISTRY[self._handle] = self
 
     def __repr__(self) -> str:
@@ -369,7 +371,7 @@ class Communicator:
         """
         t = _raw.check_tensor(tensor)
         dest = _raw.check_rank(dest, "dest", self._size)
-        tag = _raw.check_tag(tag, "tag")
+        tag = _raw.check_tag(tag, "tag", self._tag_ub)
         return _p2p.isend(self._handle, t, dest, tag)
 
     def Irecv(self, tensor: Tensor, source: int, tag: int) -> WaitHandle:
@@ -382,7 +384,7 @@ class Communicator:
         """
         t = _raw.check_tensor(tensor)
         source = _raw.check_rank(source, "source", self._size)
-        tag = _raw.check_tag(tag, "tag")
+        tag = _raw.check_tag(tag, "tag", self._tag_ub)
         return _p2p.irecv(self._handle, t, source, tag)
 
     def Wait(self, waithandle: WaitHandle) -> Tensor:
@@ -456,8 +458,8 @@ class Communicator:
         like = t if recvtensor is None else _raw.check_tensor(recvtensor, "recvtensor")
         dest = _raw.check_rank(dest, "dest", self._size)
         source = dest if source is None else _raw.check_rank(source, "source", self._size)
-        sendtag = _raw.check_tag(sendtag, "sendtag")
-        recvtag = sendtag if recvtag is None else _raw.check_tag(recvtag, "recvtag")
+        sendtag = _raw.check_tag(sendtag, "sendtag", self._tag_ub)
+        recvtag = sendtag if recvtag is None else _raw.check_tag(recvtag, "recvtag", self._tag_ub)
         if _needs_grad(t) or _needs_grad(like):
             return F.Sendrecv.apply(t, like, self._handle, dest, sendtag, source, recvtag)
         return _raw.sendrecv(self._handle, t, dest, sendtag, like, source, recvtag)

@@ -110,10 +110,13 @@ def check_axis(v: Any, name: str, ndim: int) -> int:
     return v % ndim
 
 
-def check_tag(v: Any, name: str) -> int:
+def check_tag(v: Any, name: str, tag_ub: int = 32767) -> int:
+    """``v`` as a tag: 0 .. ``tag_ub`` - 10 (the backward message uses tag + 10)."""
     v = check_int(v, name)
-    if not 0 <= v <= 32767 - 10:
-        raise MpiadValueError(f"{name} = {v} is out of range (0..32757; tag+10 carries the gradient)")
+    if not 0 <= v <= tag_ub - 10:
+        raise MpiadValueError(
+            f"{name} = {v} is out of range (0..{tag_ub - 10}: MPI_TAG_UB = {tag_ub}, tag+10 carries the gradient)"
+        )
     return v
 
 

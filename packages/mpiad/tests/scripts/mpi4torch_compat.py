@@ -155,6 +155,25 @@ def nonblocking_orders() -> None:
     assert got.data_ptr() == buf.data_ptr() and torch.equal(buf, torch.arange(5) * (prv + 1))
 
 
+def large_tags() -> None:
+    """mpi4torch passed any tag to MPI: tags up to MPI_TAG_UB - 10 work (backward uses tag + 10)."""
+    ub = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+    top = ub - 10
+    x = torch.full((3,), float(rank + 1), dtype=D, requires_grad=True)
+    h = comm.Isend(x, nxt, top)
+    got = comm.Recv(mpi4torch.JoinDummies(torch.empty(3, dtype=D), [h.dummy]), prv, top)
+    w = comm.Wait(mpi4torch.JoinDummiesHandle(h, [got]))
+    assert torch.equal(got.detach(), torch.full((3,), float(prv + 1), dtype=D))
+    (mpi4torch.JoinDummies(got, [w]) * (rank + 1)).sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), float(nxt + 1), dtype=D)), x.grad
+    try:
+        comm.Isend(x, nxt, top + 1)
+    except mpi4torch.MpiadValueError as e:
+        assert "MPI_TAG_UB" in str(e)
+    else:
+        raise AssertionError("tag above MPI_TAG_UB - 10 accepted")
+
+
 def isend_recv_wait_example() -> None:
     """mpi4torch's examples/isend-recv-wait.py: a ring, loss = a + received b."""
     a = torch.tensor([1.0 + rank]).requires_grad_()
@@ -256,6 +275,7 @@ for fn in (
     api_surface,
     alltoall_equivalences,
     nonblocking_orders,
+    large_tags,
     isend_recv_wait_example,
     inplace_semantics,
     gather_nonroot_and_scatter_nonroot,
