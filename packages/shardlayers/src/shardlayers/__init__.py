@@ -12,6 +12,7 @@ from . import _shardlayers, distributed, nn, random
 from ._split import slice
 from ._state_dict import collect_state_dict, register_ddp_parameters_to_ignore, relocate_state_dict
 from ._tag import (
+    _ORDER_ATTR,
     _ORDER_TYPE,
     _PARALLEL_ATTR,
     _PARALLEL_DIM,
@@ -19,10 +20,12 @@ from ._tag import (
     get_parallel_dim,
     register_parallel_attribute,
     register_parallel_dim,
+    set_attribute,
 )
 from ._version import __version__
 
 __all__ = [
+    "_ORDER_ATTR",
     "_ORDER_TYPE",
     "_PARALLEL_ATTR",
     "_PARALLEL_DIM",
@@ -38,5 +41,6 @@ __all__ = [
     "register_parallel_attribute",
     "register_parallel_dim",
     "relocate_state_dict",
+    "set_attribute",
     "slice",
 ]

@@ -18,12 +18,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-#: attribute holding the parallel dimension of a tensor (TorchShard's ``_PARALLEL_DIM``).
-_PARALLEL_DIM = "_PARALLEL_DIM"
-#: TorchShard's other name for the same attribute.
+#: name of the attribute holding the parallel dimension of a tensor (TorchShard's
+#: ``_PARALLEL_DIM = 'parallel_dim'``, so ``t.parallel_dim`` works as there).
+_PARALLEL_DIM = "parallel_dim"
+#: the seed documentation's other name for the same attribute.
 _PARALLEL_ATTR = _PARALLEL_DIM
-#: attribute holding the order type of a parameter (0: weight [out, in]; 1: weight [in, out]).
-_ORDER_TYPE = "_ORDER_TYPE"
+#: name of the attribute holding the order type of a parameter (TorchShard's ``_ORDER_ATTR =
+#: 'order_type'``; 0: weight stored ``[out, in]`` like nn.Linear, 1: ``[in, out]`` like nn.Embedding).
+_ORDER_TYPE = "order_type"
+#: TorchShard's name of the constant.
+_ORDER_ATTR = _ORDER_TYPE
 #: attribute holding the full (unsplit) size of a parameter along its split storage axis.
 _FULL_SIZE = "_PARALLEL_FULL_SIZE"
 
@@ -43,7 +47,7 @@ def check_dim(dim: Any, name: str = "dim", allowed: tuple[Any, ...] = _VALID_DIM
     return dim
 
 
-def get_parallel_dim(tensor: torch.Tensor) -> int | None:
+def get_parallel_dim(tensor: torch.Tensor | None) -> int | None:
     """Return the parallel dim tag of ``tensor`` (``None`` when it is not split).
 
     Parameters
@@ -54,19 +58,22 @@ def get_parallel_dim(tensor: torch.Tensor) -> int | None:
     Returns
     -------
     int or None
-        ``-1``, ``1``, ``0`` or ``None``.
+        ``-1``, ``1``, ``0`` or ``None`` (also for ``tensor=None``, e.g. an absent bias, as in
+        TorchShard).
 
     Raises
     ------
     TypeError
-        If ``tensor`` is not a tensor.
+        If ``tensor`` is neither a tensor nor None.
     """
+    if tensor is None:
+        return None
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
     return getattr(tensor, _PARALLEL_DIM, None)
 
 
-def register_parallel_dim(tensor: torch.Tensor, parallel_dim: int | None) -> None:
+def register_parallel_dim(tensor: torch.Tensor, parallel_dim: int | None = None) -> None:
     """Tag ``tensor`` (in place) as split along ``parallel_dim``.
 
     Parameters
@@ -74,7 +81,7 @@ def register_parallel_dim(tensor: torch.Tensor, parallel_dim: int | None) -> Non
     tensor : torch.Tensor
         The tensor to tag.
     parallel_dim : {None, 0, 1, -1}
-        Its parallel dimension.
+        Its parallel dimension (default None, as in TorchShard).
 
     Raises
     ------
@@ -113,6 +120,19 @@ def register_parallel_attribute(tensor: torch.Tensor, parallel_dim: int | None, 
     if isinstance(order_type, bool) or order_type not in (0, 1):
         raise ValueError(f"order_type must be 0 or 1, got {order_type!r}")
     setattr(tensor, _ORDER_TYPE, order_type)
+
+
+def set_attribute(tensor: torch.Tensor, value: int | None = None, order_type: int = 0) -> None:
+    """TorchShard's inner helper ``ts.set_attribute``: same as :func:`register_parallel_attribute`.
+
+    Raises
+    ------
+    TypeError
+        If ``tensor`` is not a tensor.
+    ValueError
+        If ``value`` or ``order_type`` is out of range.
+    """
+    register_parallel_attribute(tensor, value, order_type)
 
 
 def storage_axis(tensor: torch.Tensor) -> int | None:

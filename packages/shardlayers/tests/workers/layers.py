@@ -10,12 +10,14 @@ import shardlayers as ts
 from distkit_common.testing import init_process_group
 
 try:
+    from workers import torchshard_compat
     from workers.common import close, raises, shard
 except ImportError:  # loaded by file path
     import os
     import sys
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from workers import torchshard_compat
     from workers.common import close, raises, shard
 
 
@@ -144,17 +146,24 @@ def check_embedding(p: int, r: int) -> None:
         gy = torch.randn_like(yr)
         (yr * gy).sum().backward()
         y = m(ids)
-        if dim == -1:
-            assert ts.get_parallel_dim(y) == -1
-            close(y, shard(yr, -1, p, r), what="emb fwd -1")
-            (y * shard(gy, -1, p, r)).sum().backward()
-        else:
-            close(y, yr, what=f"emb fwd {dim}")
-            (y * gy).sum().backward()
+        # every dim returns the full output, as TorchShard (dim=-1 all-gathers the local lookups)
+        assert ts.get_parallel_dim(y) is None
+        close(y, yr, what=f"emb fwd {dim}")
+        (y * gy).sum().backward()
         close(
             m.weight.grad, ref.weight.grad if dim is None else shard(ref.weight.grad, axis, p, r), what=f"emb dw {dim}"
         )
         close(ts.nn.functional.parallel_embedding(ids, m.weight, 2, dim=dim), y, 0, 0, "emb functional")
+        if dim == -1:  # gather_output=False keeps the split, tagged -1
+            m.weight.grad = None
+            m.gather_output = False
+            ys = m(ids)
+            assert ts.get_parallel_dim(ys) == -1
+            close(ys, shard(yr, -1, p, r), 0, 0, "emb fwd -1 split")
+            (ys * shard(gy, -1, p, r)).sum().backward()
+            close(m.weight.grad, shard(ref.weight.grad, axis, p, r), what="emb dw -1 split")
+            fs = ts.nn.functional.parallel_embedding(ids, m.weight, 2, dim=dim, gather_output=False)
+            close(fs, ys, 0, 0, "emb functional split")
 
 
 def check_cross_entropy(p: int, r: int) -> None:
@@ -348,5 +357,6 @@ def body(rank: int, size: int, store: str) -> None:
     check_cross_entropy(size, rank)
     check_state_dict_and_convert(size, rank)
     check_tags_and_errors(size, rank)
+    torchshard_compat.checks(size, rank)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()

@@ -219,7 +219,11 @@ def reduce(input: torch.Tensor) -> torch.Tensor:
 
 
 def scatter(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Keep this rank's chunk along ``dim`` forward (tagged), all-gather the gradient backward.
+    """Keep this rank's chunk along ``dim`` forward, all-gather the gradient backward.
+
+    The chunk is tagged like in TorchShard: ``0`` for a split along dim 0, ``-1`` (or ``1`` when
+    ``dim=1`` names the last dim) for a split along the last dim (a :class:`ts.ParallelTensor`);
+    a split along a middle dim is untagged.
 
     Sizes that do not divide are split unevenly (first ranks get one more).
 
@@ -236,7 +240,15 @@ def scatter(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     axis = _check_axis(input, dim)
     group, _, _ = group_info()
     out: torch.Tensor = _Scatter.apply(untag(input), axis, group, None)
-    tag = -1 if axis == input.dim() - 1 else (0 if axis == 0 else None)
+    last = input.dim() - 1
+    # TorchShard tags the chunk with the ``dim`` it was split along: 0, 1 or -1
+    tag: int | None
+    if dim == 0 or (axis == 0 and axis != last):
+        tag = 0
+    elif axis == last:
+        tag = 1 if dim == 1 else -1
+    else:
+        tag = None
     return tag_output(out, tag)
 
 

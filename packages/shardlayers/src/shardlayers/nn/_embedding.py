@@ -11,7 +11,7 @@ from .._split import partition_range
 from .._tag import _FULL_SIZE, _PARALLEL_DIM, check_dim, register_parallel_attribute
 from . import functional as PF
 from ._linear import _check_features, _convert, _load_slices, _tp, track_parameters
-from .init import shard_init_helper_
+from .init import init_shard_
 
 
 class ParallelEmbedding(nn.Module):
@@ -21,7 +21,9 @@ class ParallelEmbedding(nn.Module):
 
     - ``dim=None``: plain ``nn.Embedding``.
     - ``dim=0`` (vocab parallel): weight ``[V_local, D]``; the full output is formed by an all-reduce.
-    - ``dim=-1`` or ``1``: weight ``[V, D_local]``; the output is split along its last dim, tagged -1.
+    - ``dim=-1`` or ``1``: weight ``[V, D_local]``; as in TorchShard the local lookups are
+      all-gathered into the full output ``[*, D]`` (``gather_output=False`` keeps it split along
+      the last dim, tagged -1, e.g. to feed a row-parallel layer).
 
     Parameters
     ----------
@@ -31,8 +33,13 @@ class ParallelEmbedding(nn.Module):
         Global index of the padding row (zero and never updated).
     max_norm, norm_type, scale_grad_by_freq, sparse
         As in ``nn.Embedding`` (``max_norm`` not with ``dim=-1``).
+    _weight : torch.Tensor, optional
+        The full table ``[num_embeddings, embedding_dim]`` to start from (this rank keeps its
+        slice), as in ``nn.Embedding`` / TorchShard.
     dim : {None, 0, 1, -1}
         Parallel dim.
+    gather_output : bool
+        For ``dim=-1``: return the full (all-gathered) output (default) or the local split.
     uneven : bool
         Allow a split size that does not divide the group size.
     device, dtype : optional
@@ -55,8 +62,10 @@ class ParallelEmbedding(nn.Module):
         norm_type: float = 2.0,
         scale_grad_by_freq: bool = False,
         sparse: bool = False,
+        _weight: torch.Tensor | None = None,
         dim: int | None = None,
         *,
+        gather_output: bool = True,
         uneven: bool = False,
         device: Any = None,
         dtype: Any = None,
@@ -77,6 +86,14 @@ class ParallelEmbedding(nn.Module):
         self.norm_type = norm_type
         self.scale_grad_by_freq = scale_grad_by_freq
         self.sparse = sparse
+        self.gather_output = bool(gather_output)
+        if _weight is not None:
+            if not isinstance(_weight, torch.Tensor):
+                raise TypeError(f"_weight must be a tensor, got {type(_weight).__name__}")
+            if tuple(_weight.shape) != (num_embeddings, embedding_dim):
+                raise ValueError(
+                    f"_weight has shape {tuple(_weight.shape)}, expected {(num_embeddings, embedding_dim)}"
+                )
         v_l, d_l = num_embeddings, embedding_dim
         if dim is not None:
             p, r = _tp()
@@ -86,7 +103,14 @@ class ParallelEmbedding(nn.Module):
                 d_l = partition_range(embedding_dim, p, r, uneven=uneven, what="embedding_dim")[1]
         self.weight = nn.Parameter(torch.empty((v_l, d_l), device=device, dtype=dtype))
         self._register_tags()
-        self.reset_parameters()
+        if _weight is None:
+            self.reset_parameters()
+        else:
+            from .._state_dict import relocate_state_dict
+
+            sd = relocate_state_dict(self, {"weight": _weight.detach().to(self.weight.dtype)})
+            with torch.no_grad():
+                self.weight.copy_(sd["weight"])
 
     def _register_tags(self) -> None:
         """(Re-)attach the parallel attributes to the weight (also after it was replaced)."""
@@ -107,7 +131,7 @@ class ParallelEmbedding(nn.Module):
             if self.padding_idx is not None:
                 full[self.padding_idx].fill_(0)
 
-        shard_init_helper_(init, self.weight)
+        init_shard_(init, self.weight)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         """Look up ``input`` (see the class docstring)."""
@@ -121,7 +145,9 @@ class ParallelEmbedding(nn.Module):
             self.norm_type,
             self.scale_grad_by_freq,
             self.sparse,
-            self.dim,
+            num_embeddings=self.num_embeddings,
+            dim=self.dim,
+            gather_output=self.gather_output,
         )
 
     def extra_repr(self) -> str:
@@ -168,7 +194,7 @@ def convert_parallel_embedding(module: nn.Module, dim: int | None = None, *, une
             m.norm_type,
             m.scale_grad_by_freq,
             m.sparse,
-            dim,
+            dim=dim,
             uneven=uneven,
             device=m.weight.device,
             dtype=m.weight.dtype,

@@ -12,7 +12,7 @@ from torch import nn
 from .._split import partition_range
 from .._tag import _FULL_SIZE, _PARALLEL_DIM, check_dim, register_parallel_attribute
 from . import functional as PF
-from .init import shard_init_helper_
+from .init import init_shard_
 
 
 class _TaggingDict(dict):
@@ -136,10 +136,14 @@ class ParallelLinear(nn.Module):
 
     def reset_parameters(self) -> None:
         """``nn.Linear``'s initialisation of the full weight (same RNG draws), then sliced."""
-        shard_init_helper_(nn.init.kaiming_uniform_, self.weight, a=math.sqrt(5))
+        init_shard_(nn.init.kaiming_uniform_, self.weight, a=math.sqrt(5))
         if self.bias is not None:
             bound = 1 / math.sqrt(self.in_features)
-            shard_init_helper_(nn.init.uniform_, self.bias, a=-bound, b=bound)
+            init_shard_(nn.init.uniform_, self.bias, a=-bound, b=bound)
+
+    def reset_params(self) -> None:
+        """Alias of :meth:`reset_parameters` (TorchShard's name)."""
+        self.reset_parameters()
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         """Apply the layer (see the class docstring)."""

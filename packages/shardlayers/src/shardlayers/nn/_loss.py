@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._tag import check_dim, tag_output
+from .._tag import check_dim, register_parallel_dim, tag_output
 from . import functional as PF
 
 
@@ -23,6 +25,8 @@ class ParallelCrossEntropyLoss(nn.Module):
         Reduction.
     label_smoothing : float
         Label smoothing in ``[0, 1]``.
+    size_average, reduce : bool, optional
+        Keyword-only legacy flags of TorchShard / ``nn.CrossEntropyLoss``; override ``reduction``.
 
     Raises
     ------
@@ -38,8 +42,13 @@ class ParallelCrossEntropyLoss(nn.Module):
         ignore_index: int = -100,
         reduction: str = "mean",
         label_smoothing: float = 0.0,
+        *,
+        size_average: bool | None = None,
+        reduce: bool | None = None,
     ) -> None:
         super().__init__()
+        if size_average is not None or reduce is not None:
+            reduction = PF.legacy_reduction(size_average, reduce)
         if reduction not in ("none", "mean", "sum"):
             raise ValueError(f"reduction must be one of ('none', 'mean', 'sum'), got {reduction!r}")
         if not 0.0 <= float(label_smoothing) <= 1.0:
@@ -55,17 +64,26 @@ class ParallelCrossEntropyLoss(nn.Module):
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Loss of ``input`` (logits, class dim last and split) against ``target``."""
         return PF.parallel_cross_entropy(
-            input, target, self.weight, self.ignore_index, self.reduction, self.label_smoothing
+            input,
+            target,
+            self.weight,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            label_smoothing=self.label_smoothing,
         )
 
 
 class RegisterParallelDim(nn.Module):
     """A module that tags its input with a parallel dim (``ts.register_parallel_dim`` as a layer).
 
+    As in TorchShard, the input tensor (or every tensor of an input list / tuple) is tagged in
+    place and returned; a tag other than None is returned as a :class:`ts.ParallelTensor` view of
+    the same data so that the tag also follows the next shape-preserving ops.
+
     Parameters
     ----------
     dim : {None, 0, 1, -1}
-        The tag to set.
+        The tag to set (default None, as in TorchShard).
 
     Raises
     ------
@@ -73,13 +91,27 @@ class RegisterParallelDim(nn.Module):
         If ``dim`` is invalid.
     """
 
-    def __init__(self, dim: int | None = -1) -> None:
+    def __init__(self, dim: int | None = None) -> None:
         super().__init__()
         self.dim = check_dim(dim)
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        """Return ``input`` tagged with ``dim``."""
-        return tag_output(input, self.dim)
+    def forward(self, input: Any) -> Any:
+        """Return ``input`` tagged with ``dim`` (a tensor, or a list / tuple of tensors).
+
+        Raises
+        ------
+        TypeError
+            If ``input`` is neither a tensor nor a list / tuple of tensors.
+        """
+        if isinstance(input, (list, tuple)):
+            return type(input)(self._tag(x) for x in input)
+        return self._tag(input)
+
+    def _tag(self, x: Any) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"RegisterParallelDim expects a tensor or a list/tuple of tensors, got {type(x).__name__}")
+        register_parallel_dim(x, self.dim)
+        return tag_output(x, self.dim)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"

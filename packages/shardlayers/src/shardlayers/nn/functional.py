@@ -195,14 +195,35 @@ def parallel_embedding(
     norm_type: float = 2.0,
     scale_grad_by_freq: bool = False,
     sparse: bool = False,
+    num_embeddings: int | None = None,
     dim: int | None = None,
+    *,
+    gather_output: bool = True,
 ) -> torch.Tensor:
     """Embedding lookup over the tensor-parallel group, on this rank's weight shard.
 
+    Same signature as TorchShard's ``parallel_embedding`` (``num_embeddings`` before ``dim``).
     ``dim=0`` (vocab parallel): ``weight`` is ``[V_local, D]``, ids of other ranks give zeros,
     and the results are all-reduced (full output). ``dim=-1``/``1``: ``weight`` is
-    ``[V, D_local]``, the output is split along its last dim and tagged -1. ``padding_idx`` is the
-    global index.
+    ``[V, D_local]``; as in TorchShard the local lookups are all-gathered into the full output
+    ``[*, D]`` (untagged), or, with ``gather_output=False``, kept split along the last dim and
+    tagged -1. ``padding_idx`` is the global index.
+
+    Parameters
+    ----------
+    input : torch.Tensor
+        Integer ids (global indices).
+    weight : torch.Tensor
+        This rank's shard of the table.
+    padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse
+        As in ``F.embedding``.
+    num_embeddings : int, optional
+        Full vocabulary size (needed for uneven ``dim=0`` splits of functional callers;
+        default: taken from the module's parameter, else ``weight.shape[0] * group_size``).
+    dim : {None, 0, 1, -1}
+        Parallel dim of the table.
+    gather_output : bool
+        For ``dim=-1``: all-gather the output (default, TorchShard) or keep it split.
 
     Returns
     -------
@@ -228,8 +249,14 @@ def parallel_embedding(
         if max_norm is not None:
             raise ValueError("max_norm is not supported with dim=-1 (each rank holds part of every row)")
         out = F.embedding(ids, weight, padding_idx, None, norm_type, scale_grad_by_freq, sparse)
+        if gather_output:
+            full: torch.Tensor = _ops._Gather.apply(
+                out, out.dim() - 1, group, partition_sizes(_full_size(weight, 1, p), p)
+            )
+            return full
         return tag_output(out, -1)
-    sizes = partition_sizes(_full_size(weight, 0, p), p)
+    n_full = int(num_embeddings) if num_embeddings is not None else _full_size(weight, 0, p)
+    sizes = partition_sizes(n_full, p)
     start, n = sum(sizes[:rank]), sizes[rank]
     if n != weight.shape[0]:
         raise ValueError(f"weight shard has {weight.shape[0]} rows, expected {n}")
@@ -245,11 +272,22 @@ def parallel_embedding(
     return result
 
 
+def legacy_reduction(size_average: bool | None, reduce: bool | None) -> str:
+    """``reduction`` from the legacy ``size_average`` / ``reduce`` flags (torch's rule)."""
+    size_average = True if size_average is None else bool(size_average)
+    reduce = True if reduce is None else bool(reduce)
+    if not reduce:
+        return "none"
+    return "mean" if size_average else "sum"
+
+
 def parallel_cross_entropy(
     input: torch.Tensor,
     target: torch.Tensor,
     weight: torch.Tensor | None = None,
+    size_average: bool | None = None,
     ignore_index: int = -100,
+    reduce: bool | None = None,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
 ) -> torch.Tensor:
@@ -270,6 +308,9 @@ def parallel_cross_entropy(
         Class indices ``[*]`` (int64/int32); ``ignore_index`` entries contribute nothing.
     weight : torch.Tensor, optional
         Full per-class weight ``[C]`` (replicated).
+    size_average, reduce : bool, optional
+        Deprecated legacy arguments (as in ``F.cross_entropy`` and TorchShard); when either is
+        given they override ``reduction``.
     ignore_index : int
         Target value to ignore.
     reduction : {'mean', 'sum', 'none'}
@@ -298,6 +339,8 @@ def parallel_cross_entropy(
         raise TypeError(
             f"target must be an int64/int32 tensor of class indices, got {getattr(target, 'dtype', type(target))}"
         )
+    if size_average is not None or reduce is not None:
+        reduction = legacy_reduction(size_average, reduce)
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
     if not 0.0 <= float(label_smoothing) <= 1.0:
