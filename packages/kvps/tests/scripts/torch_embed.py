@@ -32,6 +32,7 @@ ids = torch.tensor([[1, 2, 2], [7, 1, 2]])
 counts = {1: 2.0, 2: 3.0, 7: 1.0}
 out = emb(ids)
 assert out.shape == (2, 3, D) and torch.equal(out, ref[ids])
+server.barrier()  # every rank read the initial rows before the first update
 for r in range(size):
     if r == rank:
         emb(ids).sum().backward()
