@@ -129,6 +129,23 @@ def check_seed_examples(p: int, r: int) -> None:
     assert ts.get_parallel_dim(ts.distributed.scatter(z, dim=1)) == 1
     assert ts.get_parallel_dim(ts.distributed.scatter(z, dim=-1)) == -1
     assert ts.get_parallel_dim(ts.distributed.gather(ts.distributed.scatter(z, dim=-1), dim=-1)) is None
+    # the dist docs' examples: scatter / gather shapes, reduce in place outside autograd
+    assert tuple(ts.distributed.scatter(torch.empty(6 * p, 8 * p), dim=1).shape) == (6 * p, 8)
+    assert tuple(ts.distributed.gather(torch.empty(6, 8), dim=0).shape) == (6 * p, 8)
+    tensor = torch.arange(2, dtype=torch.int64) + 1 + 2 * r
+    ts.distributed.reduce(tensor)
+    assert tensor.tolist() == [p + p * (p - 1), 2 * p + p * (p - 1)], tensor
+    g = torch.ones(3, requires_grad=True)
+    assert torch.equal(ts.distributed.reduce(g), torch.full((3,), float(p))) and torch.equal(g, torch.ones(3))
+    # reprs as TorchShard
+    assert repr(ts.nn.ParallelLinear(4, 4 * p, dim=-1)).endswith(
+        "(in_features=4, out_features=" + f"{4 * p}, bias=True, dim=-1)"
+    )
+    assert (
+        repr(ts.nn.ParallelEmbedding(4 * p, 3, padding_idx=1, dim=0))
+        == f"ParallelEmbedding({4 * p}, 3, padding_idx=1, dim=0)"
+    )
+    assert repr(ts.nn.ParallelEmbedding(5, 3)) == "ParallelEmbedding(5, 3)"
 
 
 def check_layers(p: int, r: int) -> None:

@@ -205,6 +205,10 @@ def copy(input: torch.Tensor) -> torch.Tensor:
 def reduce(input: torch.Tensor) -> torch.Tensor:
     """All-reduce (sum) over the tensor-parallel group forward, identity backward.
 
+    As in TorchShard, a tensor outside autograd (no ``requires_grad``, or grad mode off) is
+    reduced **in place** (``ts.distributed.reduce(t)`` leaves the sum in ``t``) and returned
+    (untagged); a tensor that requires grad is not modified: the sum is a new tensor.
+
     Raises
     ------
     TypeError
@@ -214,7 +218,14 @@ def reduce(input: torch.Tensor) -> torch.Tensor:
     """
     _check_tensor(input)
     group, _, _ = group_info()
-    out: torch.Tensor = _Reduce.apply(untag(input), group, False)
+    x = untag(input)
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        if x.is_contiguous():
+            all_reduce_(x, group)
+        else:
+            x.copy_(all_reduce_(x.contiguous(), group))
+        return x
+    out: torch.Tensor = _Reduce.apply(x, group, False)
     return out
 
 
