@@ -34,16 +34,7 @@ std::vector<distx::Piece> to_pieces(const std::vector<PieceTuple>& in) {
 
 PYBIND11_MODULE(_distx_fake, m) {
   m.doc() = "native core of distx-fake: thread-pool checkpoint I/O with crc32c";
-  distkit::register_exceptions(m);
-  m.def("version", [] { return std::string(DISTKIT_VERSION); });
-  m.def("cuda_compiled", [] {
-#ifdef DISTKIT_WITH_CUDA
-    return true;
-#else
-    return false;
-#endif
-  });
-  m.def("get_num_threads", &distkit::get_num_threads);
+  distkit::init_module(m);
   m.def("crc32c_hw_available", &distx::crc32c_hw_available);
   m.attr("DIRECT_ALIGN") = distx::kDirectAlign;
   m.def(
