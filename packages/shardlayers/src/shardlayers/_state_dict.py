@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ._split import partition_sizes
-from ._tag import _FULL_SIZE, get_parallel_dim, storage_axis
+from ._tag import _FULL_SIZE, storage_axis
 
 
 def _tagged(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -22,7 +22,7 @@ def _tagged(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
             fix()
     out = []
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if get_parallel_dim(t) is not None:
+        if storage_axis(t) is not None:  # split (a 1-D tensor tagged 0 is a replicated row bias)
             out.append((name, t))
     return out
 

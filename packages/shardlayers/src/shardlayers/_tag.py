@@ -136,14 +136,20 @@ def set_attribute(tensor: torch.Tensor, value: int | None = None, order_type: in
 
 
 def storage_axis(tensor: torch.Tensor) -> int | None:
-    """The axis of ``tensor``'s storage that is split (from its dim tag and order type)."""
+    """The axis of ``tensor``'s storage that is split (from its dim tag and order type), or None
+    when the tensor is not split.
+
+    As in TorchShard's serialization: a 1-D tensor tagged row-parallel (``0``) with order type 0 (the
+    bias of a row-parallel linear, which TorchShard's layers and templates tag ``0``) and a 1-D
+    tensor tagged column-parallel with order type 1 are replicated, not split.
+    """
     dim = get_parallel_dim(tensor)
     if dim is None:
         return None
-    if tensor.dim() <= 1:
-        return 0
     order = getattr(tensor, _ORDER_TYPE, 0)
     column = dim in (1, -1)
+    if tensor.dim() <= 1:
+        return 0 if column == (order == 0) else None
     if order == 0:  # stored [out, in]: output features are axis 0
         return 0 if column else tensor.dim() - 1
     return tensor.dim() - 1 if column else 0

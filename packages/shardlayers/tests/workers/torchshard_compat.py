@@ -476,6 +476,64 @@ def check_serialization(p: int, r: int) -> None:
             close(a, b, 0, 0, f"relocate {dim} {k}")
 
 
+class TemplateLayer(nn.Module):
+    """projects/templates/ts_layer.py: a custom layer built the TorchShard way (full tensors
+    scattered with ts.distributed.scatter, the bias of dim=0 tagged 0 although replicated)."""
+
+    def __init__(self, i: int, o: int, dim: int | None) -> None:
+        super().__init__()
+        self.dim = dim
+        w, b = torch.empty(o, i), torch.empty(o)
+        nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+        nn.init.uniform_(b, -1 / math.sqrt(i), 1 / math.sqrt(i))
+        self.full_w, self.full_b = w.clone(), b.clone()
+        if dim in (-1, 1):
+            w, b = ts.distributed.scatter(w, dim=0), ts.distributed.scatter(b, dim=0)
+        elif dim == 0:
+            w = ts.distributed.scatter(w, dim=1)
+        self.weight, self.bias = nn.Parameter(w), nn.Parameter(b)
+        ts.register_parallel_attribute(self.weight, dim, order_type=0)
+        ts.register_parallel_attribute(self.bias, dim, order_type=0)
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return ts.nn.functional.parallel_linear(x, self.weight, self.bias, self.dim)
+
+
+def check_custom_layers(p: int, r: int) -> None:
+    """Custom layers tagged with register_parallel_attribute: collect / relocate / DDP ignore list /
+    shard_init_helper_ follow TorchShard's rules (order type 0 [out, in], 1 [in, out]; a 1-D
+    tensor tagged 0 with order type 0 is a replicated row bias)."""
+    for dim in (-1, 0):
+        torch.manual_seed(5)
+        m = TemplateLayer(4 * p, 3 * p, dim)
+        sd = ts.collect_state_dict(m, m.state_dict())
+        close(sd["weight"], m.full_w, 0, 0, f"template collect w {dim}")
+        close(sd["bias"], m.full_b, 0, 0, f"template collect b {dim}")
+        rel = ts.relocate_state_dict(m, sd)
+        close(rel["weight"], m.weight, 0, 0, "template relocate w")
+        close(rel["bias"], m.bias, 0, 0, "template relocate b")
+        names = ts.register_ddp_parameters_to_ignore(m)
+        assert names == (["weight", "bias"] if dim == -1 else ["weight"]), names
+        x = torch.randn(2, 4 * p)
+        torch.distributed.broadcast(x, 0)
+        y = m(x)
+        y = ts.distributed.gather(y, dim=-1) if dim == -1 else y
+        close(y, F.linear(x, m.full_w, m.full_b), **TOL, what=f"template fwd {dim}")
+        if dim == 0:  # the replicated bias keeps its shape and is equal everywhere
+            torch.manual_seed(r)
+            ts.nn.init.shard_init_helper_(nn.init.uniform_, m.bias)
+            every = [torch.empty_like(m.bias) for _ in range(torch.distributed.get_world_size())]
+            torch.distributed.all_gather(every, m.bias.data)
+            assert all(torch.equal(e, every[0]) for e in every)
+    # order type 1 ([in, out], like an embedding table) tagged -1: split along the last axis
+    full = torch.arange(12.0 * p).reshape(3, 4 * p)
+    t = nn.Parameter(ts.distributed.scatter(full, dim=-1).clone())
+    ts.register_parallel_attribute(t, -1, 1)
+    holder = nn.Module()
+    holder.t = t
+    close(ts.collect_state_dict(holder, holder.state_dict())["t"], full, 0, 0, "order 1 collect")
+
+
 def checks(p: int, r: int) -> None:
     """All TorchShard-compatibility checks (float64, exact to 1e-10 unless noted)."""
     old = torch.get_default_dtype()
@@ -487,5 +545,6 @@ def checks(p: int, r: int) -> None:
         check_nn(p, r)
         check_modules(p, r)
         check_serialization(p, r)
+        check_custom_layers(p, r)
     finally:
         torch.set_default_dtype(old)

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from .._split import partition_range
-from .._tag import _FULL_SIZE, _PARALLEL_DIM, get_parallel_dim, storage_axis
+from .._tag import _FULL_SIZE, _PARALLEL_DIM, storage_axis
 
 __all__ = ["shard_init_helper_"]
 
@@ -88,7 +88,7 @@ def init_shard_(
     (the layers' ``reset_parameters``: same RNG draws as the ``torch.nn`` layer, no communication
     unless ``broadcast``)."""
     with torch.no_grad():
-        if get_parallel_dim(tensor) is None:
+        if storage_axis(tensor) is None:  # replicated (untagged, or e.g. a row-parallel bias)
             if tensor.device.type == "meta":
                 return tensor
             full = torch.empty(tensor.shape, dtype=tensor.dtype)
