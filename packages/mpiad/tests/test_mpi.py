@@ -55,3 +55,10 @@ def test_mpi4torch_dropin_compat(nprocs: int) -> None:
     # the isend-recv-wait example's exact output, in-place semantics
     res = run_mpi(SCRIPTS / "mpi4torch_compat.py", nprocs, timeout=120)
     assert f"all checks passed on {nprocs} ranks" in res.stdout
+
+
+@pytest.mark.parametrize("nprocs", [3])
+def test_double_backward_closed_form(nprocs: int) -> None:
+    # create_graph=True through every collective: Hessian-vector products in closed form
+    res = run_mpi(SCRIPTS / "double_backward.py", nprocs, timeout=120)
+    assert f"all checks passed on {nprocs} ranks" in res.stdout

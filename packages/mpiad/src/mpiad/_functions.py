@@ -16,20 +16,38 @@ from ._constants import BACKWARD_TAG_OFFSET, MPI_SUM
 Tensor = torch.Tensor
 
 
-class EagerBackend:
-    """Communication for backward formulas, on one communicator."""
+def _diff(t: Tensor) -> bool:
+    """Whether a backward formula must record a graph for ``t`` (``create_graph=True``)."""
+    return t.requires_grad and torch.is_grad_enabled()
 
-    def __init__(self, comm: int, rank: int) -> None:
+
+class EagerBackend:
+    """Communication for backward formulas, on one communicator.
+
+    Under ``create_graph=True`` (grad mode on inside backward) the communication
+    goes through the autograd Functions again, so the backward itself is
+    differentiable (double backward, Hessian-vector products), as in mpi4torch,
+    whose backward nodes called its differentiable ops.
+    """
+
+    def __init__(self, comm: int, rank: int, size: int = 0) -> None:
         self.comm = comm
         self.rank = rank
+        self.size = size
 
     def allreduce(self, t: Tensor, op: int) -> Tensor:
+        if _diff(t):
+            return Allreduce.apply(t, self.comm, self.rank, self.size, op)
         return _raw.allreduce(self.comm, t, op)
 
     def bcast(self, t: Tensor, root: int) -> Tensor:
+        if _diff(t):
+            return Bcast.apply(t.clone(), self.comm, self.rank, root)
         return _raw.bcast(self.comm, t, root)
 
     def reduce(self, t: Tensor, op: int, root: int) -> Tensor:
+        if _diff(t):
+            return Reduce.apply(t.clone(), self.comm, self.rank, self.size, op, root)
         return _raw.reduce(self.comm, t, op, root, self.rank)
 
 
@@ -51,7 +69,8 @@ class Allreduce(torch.autograd.Function):
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
         comm, rank, size, op = ctx.args
         x, y = ctx.saved_tensors if _grad.needs_saved(op) else (None, None)
-        return _grad.allreduce_backward(EagerBackend(comm, rank), g, x, y, op, rank, size), None, None, None, None
+        gx = _grad.allreduce_backward(EagerBackend(comm, rank, size), g, x, y, op, rank, size)
+        return gx, None, None, None, None
 
 
 class NoInplaceReuse(torch.autograd.Function):
@@ -84,7 +103,7 @@ class Bcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
         comm, rank, root = ctx.args
-        return _raw.reduce(comm, g, MPI_SUM, root, rank), None, None, None
+        return EagerBackend(comm, rank).reduce(g, MPI_SUM, root), None, None, None
 
 
 class Reduce(torch.autograd.Function):
@@ -104,7 +123,7 @@ class Reduce(torch.autograd.Function):
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
         comm, rank, size, op, root = ctx.args
         x, y = ctx.saved_tensors if _grad.needs_saved(op) else (None, None)
-        gx = _grad.reduce_backward(EagerBackend(comm, rank), g, x, y, op, root, rank, size)
+        gx = _grad.reduce_backward(EagerBackend(comm, rank, size), g, x, y, op, root, rank, size)
         return gx, None, None, None, None, None
 
 
@@ -117,6 +136,8 @@ class Gather(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
         comm, rank, axis, root, n = ctx.args
+        if _diff(g):
+            return Scatter.apply(g, comm, rank, axis, n, root), None, None, None, None, None
         return _raw.scatter(comm, g, axis, n, root, rank), None, None, None, None, None
 
 
@@ -130,6 +151,8 @@ class Allgather(torch.autograd.Function):
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
         comm, axis, n = ctx.args
         # every rank's upstream gradient of my slice, summed
+        if _diff(g):
+            return ReduceScatter.apply(g, comm, MPI_SUM, axis, n), None, None
         return _raw.reduce_scatter(comm, g, MPI_SUM, axis, n), None, None
 
 
@@ -144,10 +167,14 @@ class Scatter(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
         comm, rank, axis, root = ctx.args
-        gx = _raw.gather(comm, g, axis, root, rank, 0)
+        diff = _diff(g)
+        gx = Gather.apply(g, comm, rank, 0, axis, root) if diff else _raw.gather(comm, g, axis, root, rank, 0)
         if rank != root:
             shape, dtype, device = ctx.like
-            gx = torch.zeros(shape, dtype=dtype, device=device)
+            zeros = torch.zeros(shape, dtype=dtype, device=device)
+            # keep the (empty) gathered tensor in the graph, so that a double backward
+            # runs its Scatter on every rank (as mpi4torch's JoinDummies did)
+            gx = JoinDummies.apply(zeros, gx) if gx.requires_grad else zeros
         return gx, None, None, None, None, None
 
 
@@ -160,6 +187,8 @@ class Alltoall(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
         comm, gaxis, saxis, n = ctx.args
+        if _diff(g):
+            return Alltoall.apply(g, comm, saxis, gaxis, n), None, None, None, None
         return _raw.alltoall(comm, g, saxis, gaxis, n), None, None, None, None
 
 
@@ -174,6 +203,8 @@ class ReduceScatter(torch.autograd.Function):
         comm, op, axis = ctx.args
         if op != MPI_SUM:
             raise RuntimeError("Reduce_scatter is differentiable for MPI_SUM only")
+        if _diff(g):
+            return Allgather.apply(g, comm, axis), None, None, None, None
         return _raw.allgather(comm, g, axis), None, None, None, None
 
 
@@ -193,7 +224,10 @@ class Sendrecv(torch.autograd.Function):
         shape, dtype, device = ctx.xmeta
         like = torch.empty(shape, dtype=dtype, device=device)
         off = BACKWARD_TAG_OFFSET
-        gx = _raw.sendrecv(comm, g.to(dtype), source, recvtag + off, like, dest, sendtag + off)
+        if _diff(g):
+            gx = Sendrecv.apply(g.to(dtype), like, comm, source, recvtag + off, dest, sendtag + off)
+        else:
+            gx = _raw.sendrecv(comm, g.to(dtype), source, recvtag + off, like, dest, sendtag + off)
         lshape, ldtype, ldevice = ctx.likemeta
         return gx, torch.zeros(lshape, dtype=ldtype, device=ldevice), None, None, None, None, None
 

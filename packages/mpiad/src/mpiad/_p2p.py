@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import _mpiad, _raw
 from ._constants import BACKWARD_TAG_OFFSET
@@ -79,6 +80,7 @@ class _Start(torch.autograd.Function):
         return _dummy_like(x)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, None]:
         link: _Link = ctx.link
         shape, dtype, device = ctx.meta
@@ -122,6 +124,7 @@ class _Wait(torch.autograd.Function):
         return result.detach()
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, None, None]:
         link: _Link = ctx.link
         _post_backward(link, g)
