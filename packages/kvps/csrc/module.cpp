@@ -17,22 +17,8 @@ using kvps::Engine;
 
 PYBIND11_MODULE(_kvps, m) {
   m.doc() = "native core of kvps";
-  distkit::register_exceptions(m);
-  m.def("version", [] { return std::string(DISTKIT_VERSION); });
-  m.def("cuda_compiled", [] {
-#ifdef DISTKIT_WITH_CUDA
-    return true;
-#else
-    return false;
-#endif
-  });
-  m.def("get_num_threads", &distkit::get_num_threads);
-  m.def("mpi_library_version", [] {
-    char buf[MPI_MAX_LIBRARY_VERSION_STRING];
-    int len = 0;
-    distkit::mpi::check(MPI_Get_library_version(buf, &len), "MPI_Get_library_version");
-    return std::string(buf, static_cast<size_t>(len));
-  });
+  distkit::init_module(m);
+  m.def("mpi_library_version", &distkit::mpi::library_version);
   m.def("mpi_thread_level", [] {
     int provided = 0;
     MPI_Query_thread(&provided);
