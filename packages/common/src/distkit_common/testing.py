@@ -94,6 +94,15 @@ def _run(cmd: Sequence[str], env: Mapping[str, str], timeout: float, cwd: str | 
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        # SIGTERM first: mpiexec forwards it and cleans up its shared-memory files;
+        # then SIGKILL for whatever is left of the tree.
+        victims = [proc.pid, *_descendants(proc.pid)]
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        _kill_pids(victims)
         _kill_group(proc.pid)
         proc.wait()
         out, err = proc.communicate()
@@ -127,15 +136,18 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _kill_pids(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def _kill_group(pgid: int) -> None:
     """SIGKILL the launcher's session and every descendant (MPI daemons may start
     ranks in sessions of their own, which killpg alone would miss)."""
-    victims = _descendants(pgid)
-    for sig_target in [pgid, *victims]:
-        try:
-            os.kill(sig_target, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    _kill_pids([pgid, *_descendants(pgid)])
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
