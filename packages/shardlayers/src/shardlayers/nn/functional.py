@@ -298,7 +298,8 @@ def parallel_cross_entropy(
     exponentials, target logit (and the smoothing sum), one all-gather of ``N x 4`` numbers
     combines them, and a second native pass writes the gradient (memory: one buffer the size of the
     local logits). float16/bfloat16 logits are computed in float32 and the loss is float32.
-    An untagged input is treated as full logits and handed to ``F.cross_entropy``.
+    An input not tagged -1/1 (untagged, or tagged 0: rows split, classes full) holds full logits
+    and is handed to ``F.cross_entropy``, as in TorchShard.
 
     Parameters
     ----------
@@ -327,7 +328,7 @@ def parallel_cross_entropy(
     TypeError
         If ``input`` is not a floating tensor or ``target`` not an integer tensor.
     ValueError
-        Bad ``reduction``, ``label_smoothing``, shapes, weight size, or a tag other than -1/1.
+        Bad ``reduction``, ``label_smoothing``, shapes or weight size.
     IndexError
         If a target is outside ``[0, C)`` and not ``ignore_index``.
     RuntimeError
@@ -348,12 +349,15 @@ def parallel_cross_entropy(
     if weight is not None and not isinstance(weight, torch.Tensor):
         raise TypeError(f"weight must be a tensor or None, got {type(weight).__name__}")
     tag = getattr(input, _PARALLEL_DIM, None)
-    if tag is None:
+    if tag not in (1, -1):  # not split along the classes (as TorchShard: untagged, or tagged 0 = rows split)
         return F.cross_entropy(
-            input, target, weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
+            untag(input),
+            target,
+            weight,
+            ignore_index=ignore_index,
+            reduction=reduction,
+            label_smoothing=label_smoothing,
         )
-    if tag not in (1, -1):
-        raise ValueError(f"tag mismatch: logits must be split along the class (last) dim (tag -1), got tag {tag}")
     if input.dim() < 1 or tuple(target.shape) != tuple(input.shape[:-1]):
         raise ValueError(
             f"target shape {tuple(target.shape)} must equal the logits shape without the class dim "
