@@ -335,7 +335,9 @@ def main(argv: list[str]) -> int:
         loss.backward()
         opt.step()
         if pusher:
-            worker.push(uniq, (-cfg.emb_lr * rows.grad).reshape(-1))
+            grad = rows.grad
+            assert grad is not None
+            worker.push(uniq, (-cfg.emb_lr * grad).reshape(-1))
         worker.waitall()
         mean_loss = world.Allreduce(loss.detach().reshape(1), mpiad.MPI_SUM).item() / size
         history.append([step, mean_loss])
