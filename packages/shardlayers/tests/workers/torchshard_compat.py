@@ -57,6 +57,7 @@ def check_seed_examples(p: int, r: int) -> None:
     """The seed's examples: attribute names, slice, shapes of ParallelLinear(20, 30), collect /
     relocate, get/register_parallel_dim, register_parallel_attribute, DDP ignore list."""
     assert ts._PARALLEL_DIM == "parallel_dim" and ts._ORDER_TYPE == ts._ORDER_ATTR == "order_type"
+    assert ts.nn.shard_init_helper_ is ts.nn.init.shard_init_helper_
     # slice
     chunks = ts.slice(torch.empty(3, 10), 2, dim=-1)
     assert isinstance(chunks, tuple) and [tuple(c.shape) for c in chunks] == [(3, 5), (3, 5)]

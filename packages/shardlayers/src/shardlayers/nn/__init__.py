@@ -6,6 +6,7 @@ from . import functional, init
 from ._embedding import ParallelEmbedding, convert_parallel_embedding
 from ._linear import ColumnParallelLinear, ParallelLinear, RowParallelLinear, convert_parallel_linear
 from ._loss import ParallelCrossEntropyLoss, RegisterParallelDim, SequenceParallelLayerNorm
+from .init import shard_init_helper_  # the API docs also name it ts.nn.shard_init_helper_
 
 __all__ = [
     "ColumnParallelLinear",
@@ -19,4 +20,5 @@ __all__ = [
     "convert_parallel_linear",
     "functional",
     "init",
+    "shard_init_helper_",
 ]
