@@ -251,8 +251,11 @@ def test_fake_mode_inside_module_fn_is_still_recorded() -> None:
 def test_bad_input() -> None:
     with pytest.raises(TypeError, match="module_fn must be callable"):
         di.deferred_init(3)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="tensor or a module"):
+    # torchdistX raised ValueError; the exception is also a TypeError
+    with pytest.raises(ValueError, match="must be of type `Tensor` or `Module`"):
         di.is_deferred("x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must be of type `Tensor` or `Module`"):
+        di.is_deferred(None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="expects a tensor"):
         di.materialize_tensor([1])  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="expects an nn.Module"):
@@ -264,6 +267,101 @@ def test_bad_input() -> None:
         di.materialize_module(m, device="nonsense")
     with fake.fake_mode():
         t = torch.ones(3)
-    with pytest.raises(ValueError, match="not created by deferred_init"):
-        di.materialize_tensor(t)
+    # a fake tensor from fake_mode cannot be materialized: returned as is (torchdistX)
+    assert di.materialize_tensor(t) is t
     assert not di.is_deferred(t) and not di.is_deferred(torch.ones(1))
+
+
+def test_torchdistx_original_behaviours() -> None:
+    # tests/python/test_deferred_init.py: materialize_tensor is a no-op for real tensors
+    a = torch.ones([10])
+    assert di.materialize_tensor(a) is a
+    # README: repr of a deferred Linear, materialize_module returns None, values as eager
+    torch.manual_seed(0)
+    eager = nn.Linear(10, 20)
+    torch.manual_seed(0)
+    m = di.deferred_init(nn.Linear, 10, 20)
+    assert repr(m.weight) == "Parameter containing:\ntensor(..., size=(20, 10), requires_grad=True, fake=True)"
+    assert di.is_deferred(m) and di.is_deferred(m.weight) and di.is_deferred(m.bias)
+    assert di.materialize_module(m) is None  # type: ignore[func-returns-value]
+    assert not di.is_deferred(m) and not fake.is_fake(m.weight)
+    assert isinstance(m.weight, nn.Parameter) and m.weight.requires_grad
+    assert torch.equal(m.weight, eager.weight) and torch.equal(m.bias, eager.bias)
+    # materializing twice is a no-op keeping the same objects
+    w = m.weight
+    di.materialize_module(m)
+    assert m.weight is w
+    # a module built eagerly (no deferred tensors) is not deferred; materialize_module leaves it alone
+    plain = nn.Linear(2, 2)
+    pw = plain.weight
+    assert not di.is_deferred(plain)
+    di.materialize_module(plain)
+    assert plain.weight is pw
+    # a module without any tensor is not deferred either
+    assert not di.is_deferred(di.deferred_init(nn.ReLU))
+
+
+def test_torchdistx_design_note_examples() -> None:
+    # docs/src/fake_tensor_and_deferred_init.rst: zeros_like must materialize on the real device,
+    # and a later in-place op on the base changes an earlier view
+    class MyModule(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.buf1 = torch.ones([3], device="cpu")
+            self.buf2 = torch.zeros_like(self.buf1)
+            a = torch.ones([2, 2])
+            self.b = a.view(-1)
+            a.add_(2)
+            self.c = torch.ones([3], device="cpu")
+            self.d = self.c if self.c.is_cuda else self.c + 1
+
+    mod = di.deferred_init(MyModule)
+    buf1 = di.materialize_tensor(mod.buf1)
+    buf2 = di.materialize_tensor(mod.buf2)
+    assert buf1.device.type == "cpu" and buf1.tolist() == [1.0, 1.0, 1.0]
+    assert buf2.device.type == "cpu" and buf2.tolist() == [0.0, 0.0, 0.0]
+    assert di.materialize_tensor(mod.b).tolist() == [3.0, 3.0, 3.0, 3.0]
+    assert di.materialize_tensor(mod.d).tolist() == [2.0, 2.0, 2.0]
+    # plain attributes are materialized by materialize_tensor, not by materialize_module
+    assert di.materialize_tensor(mod.buf1) is buf1
+
+
+def test_materialize_tensor_aliases_and_requires_grad() -> None:
+    def build() -> nn.Module:
+        mod = nn.Module()
+        mod.w = nn.Parameter(torch.ones(4, 2))
+        mod.frozen = nn.Parameter(torch.full((3,), 2.0), requires_grad=False)
+        mod.register_buffer("buf", torch.arange(6.0).requires_grad_(True))
+        mod.shared = mod.w  # same Parameter under two names
+        return mod
+
+    m = di.deferred_init(build)
+    w = di.materialize_tensor(m.w)
+    assert di.materialize_tensor(m.shared) is w and isinstance(w, nn.Parameter) and w.requires_grad
+    frozen = di.materialize_tensor(m.frozen)
+    assert isinstance(frozen, nn.Parameter) and not frozen.requires_grad and frozen.tolist() == [2.0] * 3
+    buf = di.materialize_tensor(m.buf)
+    assert type(buf) is torch.Tensor and buf.requires_grad and buf.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    di.materialize_module(m)
+    assert m.w is w and m.shared is w and m.frozen is frozen and m.buf is buf
+    assert list(dict(m.named_parameters()).keys()) == ["w", "frozen"]
+
+
+def test_buffers_only_and_check_fn_semantics() -> None:
+    m = di.deferred_init(lambda: nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3), nn.Sequential(nn.Linear(3, 1))))
+    di.materialize_module(m, buffers_only=True)
+    assert not fake.is_fake(m[1].running_mean) and m[1].running_mean.tolist() == [0.0, 0.0, 0.0]
+    assert m[1].num_batches_tracked.item() == 0
+    assert fake.is_fake(m[0].weight) and fake.is_fake(m[1].weight) and di.is_deferred(m)
+    # check_fn is asked about every module (children first); a rejected parent does not stop its children
+    seen: list[str] = []
+
+    def only_inner(mod: nn.Module) -> bool:
+        seen.append(type(mod).__name__)
+        return mod is m[2][0]
+
+    di.materialize_module(m, check_fn=only_inner)
+    assert seen == ["Linear", "BatchNorm1d", "Linear", "Sequential", "Sequential"]
+    assert not fake.is_fake(m[2][0].weight) and fake.is_fake(m[0].weight) and fake.is_fake(m[1].weight)
+    di.materialize_module(m)
+    assert not di.is_deferred(m) and m[1].weight.tolist() == [1.0, 1.0, 1.0]

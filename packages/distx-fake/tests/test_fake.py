@@ -78,10 +78,44 @@ def test_meta_like_and_is_fake() -> None:
         p = torch.nn.Parameter(torch.empty(3))
     m = fake.meta_like(a)
     assert m.device.type == "meta" and m.shape == (6, 4) and m.stride() == (1, 6) and m.dtype == torch.bfloat16
-    assert fake.meta_like(p).requires_grad
+    # torchdistX: "same Autograd behavior as detach()"
+    assert p.requires_grad and not fake.meta_like(p).requires_grad
     assert fake.is_fake(a) and not fake.is_fake(torch.ones(1)) and not fake.is_fake(3)
-    with pytest.raises(ValueError, match="expects a fake tensor"):
+    with pytest.raises(ValueError, match="`fake` was expected to be a fake tensor"):
         fake.meta_like(torch.ones(2))
+    with pytest.raises(ValueError, match="expected to be a fake tensor"):
+        fake.meta_like(torch.ones(2, device="meta"))
+
+
+def test_torchdistx_docs_examples() -> None:
+    # docs/src/fake_tensor.rst and the README of torchdistX
+    a = torch.ones([10], device="meta")
+    assert a.device == torch.device("meta") and not fake.is_fake(a)
+    with fake.fake_mode(fake_cuda=True):
+        b = torch.ones([10])
+        c = torch.ones([20], device="cuda")
+    assert b.device == torch.device("cpu") and fake.is_fake(b)
+    assert repr(b) == "tensor(..., size=(10,), fake=True)"
+    assert repr(c) == "tensor(..., size=(20,), device=cuda, fake=True)"
+    # torchdistX does not patch torch.cuda.is_available(): fake_cuda only lets CUDA tensors be faked
+    if not torch.cuda.is_available():
+        with fake.fake_mode(fake_cuda=True):
+            assert torch.cuda.is_available() is False
+
+
+def test_ops_on_real_tensors_run_for_real_inside_fake_mode() -> None:
+    # torchdistX's Fake handler fakes factories and ops touching a fake tensor; an op whose
+    # tensor arguments are all real (and without a device argument) runs on the real backend
+    r = torch.ones(3)
+    with fake.fake_mode():
+        s = r * 2
+        r.add_(1)  # really updates r
+        f = torch.zeros(3)  # factory: fake
+        g = f + r  # touches a fake: fake
+        h = torch.empty_like(r)  # has a device argument: fake
+    assert not fake.is_fake(s) and s.tolist() == [2.0, 2.0, 2.0]
+    assert r.tolist() == [2.0, 2.0, 2.0]
+    assert fake.is_fake(f) and fake.is_fake(g) and fake.is_fake(h)
 
 
 def test_mixing_real_tensors_and_views() -> None:

@@ -31,7 +31,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from . import _rng
-from ._fake import FakeTensor, _fake_ctx, _leaves, _map
+from ._fake import FakeTensor, _fake_ctx, _leaves, _map, is_real_op
 
 __all__ = [
     "CapturedTensorModifiedError",
@@ -48,6 +48,10 @@ _SCALAR_READS = {_aten._local_scalar_dense.default}
 
 class CapturedTensorModifiedError(RuntimeError):
     """A real tensor used while recording was modified in place before materialization."""
+
+
+class _ArgumentError(TypeError, ValueError):
+    """Wrong kind of argument: torchdistX raised ``ValueError`` here, Python style is ``TypeError``."""
 
 
 @dataclass
@@ -224,6 +228,9 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if is_real_op(func, args, kwargs):
+            # only real tensors involved: runs for real and is not recorded (as in torchdistX)
+            return func(*args, **kwargs)
         if func in _SCALAR_READS:
             # `.item()` inside __init__: answer it for real by replaying the dependency chain.
             real = self.graph.materialize(args[0], None)
@@ -290,14 +297,14 @@ def is_deferred(obj: torch.Tensor | torch.nn.Module) -> bool:
 
     Raises
     ------
-    TypeError
-        If ``obj`` is neither a tensor nor a module.
+    ValueError
+        If ``obj`` is neither a tensor nor a module (also a ``TypeError``).
     """
     if isinstance(obj, torch.nn.Module):
         return any(is_deferred(t) for t in _tensors_of(obj))
     if isinstance(obj, torch.Tensor):
         return isinstance(obj, FakeTensor) and _graph_of(obj) is not None
-    raise TypeError(f"is_deferred expects a tensor or a module, got {type(obj).__name__}")
+    raise _ArgumentError(f"`obj` must be of type `Tensor` or `Module`; is_deferred got {type(obj).__name__}")
 
 
 def _check_device(device: Any) -> torch.device | None:
@@ -315,7 +322,8 @@ def materialize_tensor(tensor: torch.Tensor, *, device: Any = None) -> torch.Ten
     Parameters
     ----------
     tensor : torch.Tensor
-        A tensor of a module built by :func:`deferred_init`. A real tensor is returned unchanged.
+        A tensor of a module built by :func:`deferred_init`. A real tensor, or a fake tensor
+        not built by :func:`deferred_init` (``fake_mode``), is returned unchanged.
     device : torch.device or str, optional
         Build the tensor directly on this device instead of the recorded one.
 
@@ -330,7 +338,7 @@ def materialize_tensor(tensor: torch.Tensor, *, device: Any = None) -> torch.Ten
     TypeError
         If ``tensor`` is not a tensor.
     ValueError
-        If ``tensor`` is fake but was not created by :func:`deferred_init`.
+        If ``device`` is not a valid device.
     CapturedTensorModifiedError
         If a real tensor used during recording was modified in place since.
     """
@@ -344,9 +352,8 @@ def materialize_tensor(tensor: torch.Tensor, *, device: Any = None) -> torch.Ten
         return cached
     graph = _graph_of(tensor)
     if graph is None:
-        raise ValueError(
-            "this fake tensor was not created by deferred_init (e.g. it comes from fake_mode) and has nothing to replay"
-        )
+        # a fake tensor from fake_mode has nothing to replay: returned as is, like torchdistX
+        return tensor
     real = graph.materialize(tensor, dev)
     out: torch.Tensor
     if getattr(tensor, "_is_param", False):
@@ -360,11 +367,11 @@ def materialize_tensor(tensor: torch.Tensor, *, device: Any = None) -> torch.Ten
 
 
 def materialize_module(
-    module: M,
+    module: torch.nn.Module,
     buffers_only: bool = False,
     check_fn: Callable[[torch.nn.Module], bool] | None = None,
     device: Any = None,
-) -> M:
+) -> None:
     """Materialize the parameters and buffers of a deferred module in place.
 
     Parameters
@@ -381,8 +388,8 @@ def materialize_module(
 
     Returns
     -------
-    torch.nn.Module
-        ``module`` itself (materialized in place).
+    None
+        As in torchdistX; ``module`` is materialized in place.
 
     Raises
     ------
@@ -399,7 +406,7 @@ def materialize_module(
     for child in module.children():
         materialize_module(child, buffers_only, check_fn, dev)
     if check_fn is not None and not check_fn(module):
-        return module
+        return
     if not buffers_only:
         for name, p in module._parameters.items():
             if p is not None and isinstance(p, FakeTensor):
@@ -407,4 +414,3 @@ def materialize_module(
     for name, b in module._buffers.items():
         if b is not None and isinstance(b, FakeTensor):
             module._buffers[name] = materialize_tensor(b, device=dev)
-    return module

@@ -168,8 +168,45 @@ def _target_device(args: Any, kwargs: dict[str, Any]) -> torch.device:
     return _CPU
 
 
+_HAS_DEVICE_ARG: dict[Any, bool] = {}
+
+
+def _has_device_arg(func: Any) -> bool:
+    got = _HAS_DEVICE_ARG.get(func)
+    if got is None:
+        schema = getattr(func, "_schema", None)
+        got = _HAS_DEVICE_ARG[func] = schema is not None and any(a.name == "device" for a in schema.arguments)
+    return got
+
+
+def is_real_op(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
+    """``True`` if torchdistX's fake handler would run ``func`` on the real backend.
+
+    That is the case when the op has tensor arguments, none of them fake, and no ``device``
+    argument: e.g. ``real.add_(1)`` inside ``fake_mode`` really updates ``real``.
+    """
+    if _has_device_arg(func):
+        return False
+    leaves = _leaves(args) + (_leaves(kwargs) if kwargs else [])
+    has_tensor = False
+    for x in leaves:
+        if isinstance(x, FakeTensor):
+            return False
+        if isinstance(x, torch.Tensor):
+            if x.device.type == "meta":
+                return False
+            has_tensor = True
+    return has_tensor
+
+
 def run_fake(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    """Run ``func`` on the meta tensors behind ``args`` and wrap the results as fake tensors."""
+    """Run ``func`` on the meta tensors behind ``args`` and wrap the results as fake tensors.
+
+    As in torchdistX, an op whose tensor arguments are all real and which has no ``device``
+    argument runs for real (only factories and ops touching a fake tensor are faked).
+    """
+    if is_real_op(func, args, kwargs):
+        return func(*args, **kwargs)
     if func in _DATA_READS:
         raise FakeDataError(f"{_NO_DATA} [{func}]")
     dev = _target_device(args, kwargs)
@@ -326,7 +363,9 @@ def is_fake(tensor: Any) -> bool:
 
 
 def meta_like(fake: torch.Tensor) -> torch.Tensor:
-    """Return a meta tensor with the same size, stride, dtype and ``requires_grad`` as ``fake``.
+    """Return a meta tensor with the same size, stride and dtype as ``fake``.
+
+    As in torchdistX it behaves like ``detach()``: the result does not require grad.
 
     Parameters
     ----------
@@ -344,8 +383,7 @@ def meta_like(fake: torch.Tensor) -> torch.Tensor:
         If ``fake`` is not a fake tensor.
     """
     if not is_fake(fake):
-        raise ValueError(f"meta_like expects a fake tensor, got a real {type(fake).__name__}")
-    out = torch.empty_strided(fake.size(), fake.stride(), dtype=fake.dtype, device="meta")
-    if fake.requires_grad:
-        out.requires_grad_(True)
-    return out
+        what = f"a real {type(fake).__name__}" if isinstance(fake, torch.Tensor) else type(fake).__name__
+        raise ValueError(f"`fake` was expected to be a fake tensor; meta_like got {what}")
+    # like detach(): the result is not part of the autograd graph (requires_grad=False)
+    return torch.empty_strided(fake.size(), fake.stride(), dtype=fake.dtype, device="meta")
