@@ -365,3 +365,22 @@ def test_buffers_only_and_check_fn_semantics() -> None:
     assert not fake.is_fake(m[2][0].weight) and fake.is_fake(m[0].weight) and fake.is_fake(m[1].weight)
     di.materialize_module(m)
     assert not di.is_deferred(m) and m[1].weight.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_nested_deferred_init() -> None:
+    def outer() -> nn.Module:
+        s = nn.Module()
+        s.a = di.deferred_init(nn.Linear, 3, 2)  # nested: recorded once by the outer call
+        s.b = nn.Linear(2, 2)
+        return s
+
+    torch.manual_seed(1)
+    ea, eb = nn.Linear(3, 2), nn.Linear(2, 2)
+    after = torch.rand(3)
+    torch.manual_seed(1)
+    m = di.deferred_init(outer)
+    assert torch.equal(torch.rand(3), after)
+    assert di.is_deferred(m.a) and di.is_deferred(m.b)
+    di.materialize_module(m)
+    assert torch.equal(m.a.weight, ea.weight) and torch.equal(m.a.bias, ea.bias)
+    assert torch.equal(m.b.weight, eb.weight) and torch.equal(m.b.bias, eb.bias)

@@ -22,6 +22,7 @@ would advance it (see :mod:`._rng`), so code after ``deferred_init`` sees the sa
 
 from __future__ import annotations
 
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ __all__ = [
 ]
 
 M = TypeVar("M", bound=torch.nn.Module)
+_tls = threading.local()
 _aten = torch.ops.aten
 _SCALAR_READS = {_aten._local_scalar_dense.default}
 
@@ -266,9 +268,17 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
     """
     if not callable(module_fn):
         raise TypeError(f"module_fn must be callable, got {type(module_fn).__name__}")
+    if getattr(_tls, "recording", False):
+        # nested (as torchdistX's level counter): the outer recorder already records everything;
+        # a second recorder would snapshot and advance the generator twice
+        return module_fn(*args, **kwargs)
     graph = _Graph()
-    with _fake_ctx(True), _Recorder(graph):
-        module = module_fn(*args, **kwargs)
+    _tls.recording = True
+    try:
+        with _fake_ctx(True), _Recorder(graph):
+            module = module_fn(*args, **kwargs)
+    finally:
+        _tls.recording = False
     return module
 
 
