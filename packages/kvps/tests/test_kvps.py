@@ -54,6 +54,26 @@ def test_setup_rejects_bad_arguments() -> None:
         kvps.setup(10.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="num_threads"):
         kvps.setup(10, 0)
+    with pytest.raises(ValueError, match="num_channels"):
+        kvps.setup(10, 1, "all", 0)
+    with pytest.raises(TypeError, match="num_channels"):
+        kvps.setup(10, 1, "all", 1.5)  # type: ignore[arg-type]
+    kvps.setup(10, 2, "", num_channels=4)  # AdaPM's defaults: "" = all techniques
+    assert kvps._server._config is not None and kvps._server._config.technique == "all"
+
+
+def test_key_range_error_is_index_and_value_error() -> None:
+    """AdaPM raises ValueError (std::length_error) for out-of-range keys; distkit uses IndexError."""
+    assert issubclass(kvps.KeyRangeError, IndexError) and issubclass(kvps.KeyRangeError, ValueError)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_adapm_ports(nprocs: int) -> None:
+    """AdaPM's example.py and tests/*.cc (set, dynamic allocation, locality, many keys, variable lengths, sampling)."""
+    res = run_mpi(str(SCRIPTS / "adapm_port.py"), nprocs, timeout=180)
+    for part in ("example", "set/dynamic/locality/many", "varlen/sampling"):
+        assert f"port ok: {part}" in res.stdout, res.stdout
 
 
 def test_server_rejects_bad_value_lengths() -> None:
@@ -62,8 +82,10 @@ def test_server_rejects_bad_value_lengths() -> None:
         kvps.Server(0)
     with pytest.raises(ValueError, match="shape"):
         kvps.Server(np.ones(4, dtype=np.int64))
+    with pytest.raises(ValueError, match=r"value_lengths\[1\] = 2.5 is not a whole number"):
+        kvps.Server(np.array([1, 2.5, 3, 4, 5], dtype=np.float32))
     with pytest.raises(TypeError, match="integer"):
-        kvps.Server(np.ones(5, dtype=np.float32))
+        kvps.Server(np.ones(5, dtype=np.bool_))
     with pytest.raises(ValueError, match=r"value_lengths\[2\]"):
         kvps.Server(torch.tensor([1, 2, -1, 3, 4]))
     with pytest.raises(TypeError, match="dtype"):

@@ -15,7 +15,7 @@ from mpi4py import MPI
 from distkit_common.validate import check_int
 
 from . import _kvps
-from ._args import as_keys, as_values
+from ._args import KeyRangeError, as_keys, as_values
 
 TECHNIQUES = {"all": 0, "replication_only": 1, "relocation_only": 2, "none": 3}
 _DTYPES = {torch.float32: 2, torch.float64: 3, torch.float16: 0, torch.bfloat16: 1}
@@ -33,7 +33,7 @@ _config: _Config | None = None
 _live: weakref.WeakSet[Server] = weakref.WeakSet()
 
 
-def setup(num_keys: int, num_threads: int = 1, use_techniques: str = "all") -> None:
+def setup(num_keys: int, num_threads: int = 1, use_techniques: str = "all", num_channels: int = -1) -> None:
     """Configure the parameter server before creating the :class:`Server`.
 
     Parameters
@@ -46,6 +46,10 @@ def setup(num_keys: int, num_threads: int = 1, use_techniques: str = "all") -> N
         Which intent-driven techniques the server uses: relocation to a single
         intending rank and replication for several ("all"), only one of them,
         or none (a classic static parameter server; ``localize`` still works).
+        ``""`` (AdaPM's default) means "all".
+    num_channels : int
+        Accepted for AdaPM compatibility: -1 (default) or >= 1. kvps runs one
+        progress engine per rank, so the value does not change behaviour.
 
     Raises
     ------
@@ -57,6 +61,12 @@ def setup(num_keys: int, num_threads: int = 1, use_techniques: str = "all") -> N
     global _config
     n = check_int(num_keys, "num_keys", lo=1)
     t = check_int(num_threads, "num_threads", lo=1, hi=1025)
+    if use_techniques == "":
+        use_techniques = "all"
+    if not isinstance(num_channels, (int, np.integer)) or isinstance(num_channels, bool):
+        raise TypeError(f"num_channels must be an int, got {type(num_channels).__name__}")
+    if num_channels != -1 and num_channels < 1:
+        raise ValueError(f"num_channels must be -1 (default) or >= 1, got {num_channels}")
     if not isinstance(use_techniques, str) or use_techniques not in TECHNIQUES:
         raise ValueError(f"use_techniques must be one of {sorted(TECHNIQUES)}, got {use_techniques!r}")
     _config = _Config(n, t, use_techniques)
@@ -74,7 +84,14 @@ def _lengths_array(value_lengths: Any, num_keys: int) -> np.ndarray:
         value_lengths = value_lengths.detach().cpu().numpy()
     if not isinstance(value_lengths, np.ndarray):
         raise TypeError(f"value_lengths must be an int or a 1-D integer array, got {type(value_lengths).__name__}")
-    if value_lengths.dtype.kind not in "iu":
+    if value_lengths.dtype.kind == "f":
+        # AdaPM converts any tensor to int64 (its example passes torch.ones(n) * vpk);
+        # kvps accepts float lengths only when they are whole numbers.
+        frac = np.nonzero(~np.isfinite(value_lengths) | (value_lengths != np.round(value_lengths)))[0]
+        if frac.size:
+            pos = int(frac[0])
+            raise ValueError(f"value_lengths[{pos}] = {value_lengths[pos]} is not a whole number")
+    elif value_lengths.dtype.kind not in "iu":
         raise TypeError(f"value_lengths must have an integer dtype, got {value_lengths.dtype}")
     if value_lengths.ndim != 1 or value_lengths.shape[0] != num_keys:
         raise ValueError(f"value_lengths must have shape ({num_keys},) (one length per key), got {value_lengths.shape}")
@@ -196,24 +213,36 @@ class Server:
         scheme: str = "naive",
         with_replacement: bool = True,
         distribution: str = "uniform",
-        min_key: int = 0,
-        max_key: int | None = None,
+        min: int | None = None,  # AdaPM's argument names (shadow the builtins here)
+        max: int | None = None,
         seed: int | None = None,
+        *,
+        min_key: int | None = None,
+        max_key: int | None = None,
     ) -> None:
         """Enable ``prepare_sample`` / ``pull_sample`` on this rank's workers.
 
+        The arguments follow AdaPM's ``enable_sampling_support(scheme,
+        with_replacement, distribution, min, max)``; ``min_key`` / ``max_key``
+        are keyword aliases of ``min`` / ``max``.
+
         Parameters
         ----------
-        scheme : {"naive", "preloc"}
+        scheme : {"naive", "preloc", "pool", "local"}
             "naive" pulls the sampled keys where they are; "preloc" signals
             intent for them over the sample's clock window, so they are
-            relocated/replicated here before use.
+            relocated/replicated here before use; "pool" is treated like
+            "preloc" (kvps keeps no separate pool); "local" draws only keys
+            this rank holds at ``prepare_sample`` time (falling back to its home
+            keys), so their pulls are answered locally.
         with_replacement : bool
             Draw keys with replacement (else the keys of one sample are distinct).
-        distribution : {"uniform"}
-            Sampling distribution over ``[min_key, max_key)``.
-        min_key, max_key : int
-            The key range to sample from (``max_key`` defaults to ``num_keys``).
+        distribution : {"uniform", "log-uniform"}
+            Sampling distribution over ``[min, max)``; "log-uniform" draws
+            ``floor(exp(u * log(max - min + 1))) + min - 1`` for uniform ``u``
+            in ``[0, 1)`` as AdaPM does (small keys are frequent).
+        min, max : int
+            The key range ``[min, max)`` to sample from (defaults ``0`` and ``num_keys``).
         seed : int, optional
             Seed of the sampler (a rank-dependent default otherwise).
 
@@ -223,14 +252,20 @@ class Server:
             Unknown scheme/distribution or an empty/out-of-range key range.
         """
         self._check_open()
-        if scheme not in ("naive", "preloc"):
-            raise ValueError(f"scheme must be 'naive' or 'preloc', got {scheme!r}")
-        if distribution != "uniform":
-            raise ValueError(f"distribution must be 'uniform', got {distribution!r}")
-        hi = self.num_keys if max_key is None else check_int(max_key, "max_key", lo=1, hi=self.num_keys + 1)
-        lo = check_int(min_key, "min_key", lo=0, hi=hi)
+        if scheme not in ("naive", "preloc", "pool", "local"):
+            raise ValueError(f"scheme must be 'naive', 'preloc', 'pool' or 'local', got {scheme!r}")
+        if distribution not in ("uniform", "log-uniform"):
+            raise ValueError(f"distribution must be 'uniform' or 'log-uniform', got {distribution!r}")
+        if min is not None and min_key is not None:
+            raise TypeError("give min or min_key, not both")
+        if max is not None and max_key is not None:
+            raise TypeError("give max or max_key, not both")
+        lo_name, lo_arg = ("min_key", min_key) if min_key is not None else ("min", min)
+        hi_name, hi_arg = ("max_key", max_key) if max_key is not None else ("max", max)
+        hi = self.num_keys if hi_arg is None else check_int(hi_arg, hi_name, lo=1, hi=self.num_keys + 1)
+        lo = 0 if lo_arg is None else check_int(lo_arg, lo_name, lo=0, hi=hi)
         s = (12345 + 7919 * self.my_rank()) if seed is None else check_int(seed, "seed", lo=0)
-        self._sampling = _SamplingConfig(scheme, bool(with_replacement), lo, hi, s)
+        self._sampling = _SamplingConfig(scheme, bool(with_replacement), lo, hi, s, distribution)
 
     def save(self, path: Any) -> None:
         """Write the whole server state to directory ``path`` (collective, atomic).
@@ -302,6 +337,7 @@ class _SamplingConfig:
     lo: int
     hi: int
     seed: int
+    distribution: str = "uniform"
 
 
 @atexit.register
@@ -347,19 +383,22 @@ class Worker:
         """Number of keys."""
         return self.server.num_keys
 
-    def get_key_size(self, key: int) -> int:
-        """Value length of ``key``.
+    def get_key_size(self, key_id: int = 0) -> int:
+        """Value length of key ``key_id`` (AdaPM's argument name and default).
 
         Raises
         ------
-        IndexError
-            ``key`` out of range.
+        TypeError
+            ``key_id`` is not an int.
+        KeyRangeError
+            (an ``IndexError`` and ``ValueError``) ``key_id`` out of range.
         """
+        key = key_id
         k = int(key) if isinstance(key, (int, np.integer)) and not isinstance(key, bool) else None
         if k is None:
             raise TypeError(f"key must be an int, got {type(key).__name__}")
         if not 0 <= k < self.num_keys:
-            raise IndexError(f"key {k} is out of range [0, {self.num_keys})")
+            raise KeyRangeError(f"key {k} is out of range [0, {self.num_keys})")
         return int(self.server.lengths[k])
 
     def _op(self, op: int, keys: Any, vals: Any, asynchronous: Any) -> int:
@@ -490,12 +529,19 @@ class Worker:
             self._e.wait(ts)
         return ts
 
-    def intent(self, keys: Any, start: int, end: int = 0) -> None:
+    def intent(self, keys: Any, start: int, end: int = 0) -> int:
         """Signal that this worker will access ``keys`` during clocks ``[start, end)``.
 
         ``end=0`` means ``start + 1``. The server relocates (one intending rank)
         or replicates (several) the keys before the window starts and drops
-        replicas after it ends.
+        replicas after it ends. Duplicate keys count once.
+
+        Returns
+        -------
+        int
+            Always -1 (as in AdaPM: intent is registered without a request to
+            wait for; ``wait(-1)`` returns at once, ``wait_sync`` waits for the
+            relocations/replications it triggers).
 
         Raises
         ------
@@ -513,6 +559,7 @@ class Worker:
             raise ValueError(f"intent window [start, end) = [{s}, {e}) is empty")
         kp, n, _keep = as_keys(keys, self.num_keys)
         self._e.intent(self.customer_id, kp, n, s, e)
+        return -1
 
     def advance_clock(self) -> int:
         """Advance this worker's clock by one (starts a sync round in the background); returns the new clock.
@@ -540,8 +587,21 @@ class Worker:
         self.server._check_open()
         self._e.wait_sync()
 
+    def wait_replica_sync(self) -> None:
+        """Deprecated alias of :meth:`wait_sync` (AdaPM keeps it for old scripts).
+
+        Raises
+        ------
+        RuntimeError
+            After ``Server.shutdown`` (or if the progress engine failed).
+        """
+        self.wait_sync()
+
     def begin_setup(self) -> None:
-        """Mark the start of a setup phase (e.g. initial ``set`` of all parameters); kept for API parity.
+        """Begin a setup phase (e.g. the initial ``set`` of all parameters).
+
+        As in AdaPM: one sync round (``wait_sync``), then a barrier of every
+        worker of every rank (every worker must call it).
 
         Raises
         ------
@@ -549,16 +609,33 @@ class Worker:
             After ``Server.shutdown`` (or if the progress engine failed).
         """
         self.server._check_open()
+        self._e.wait_sync()
+        self._e.worker_barrier()
 
     def end_setup(self) -> None:
-        """End the setup phase: wait for this worker's operations, then a barrier of all workers.
+        """End the setup phase.
+
+        As in AdaPM (two sync rounds, then a barrier of every worker): waits for
+        this worker's operations, ships and refreshes replica state twice, then
+        blocks until every worker of every rank called ``end_setup``. Values set
+        or pushed during the setup are then visible everywhere, replicas included.
 
         Raises
         ------
         RuntimeError
             After ``Server.shutdown`` (or if the progress engine failed).
         """
-        self.barrier()
+        self.server._check_open()
+        self.waitall()
+        # AdaPM: WaitSync, WaitSync, Barrier. kvps puts barriers between the
+        # rounds so that the guarantee holds: round 1 ships every rank's deltas
+        # (after everybody's setup operations finished), round 2 refreshes
+        # every replica from the owners.
+        self._e.worker_barrier()
+        self._e.wait_sync()
+        self._e.worker_barrier()
+        self._e.wait_sync()
+        self._e.worker_barrier()
 
     def barrier(self) -> None:
         """Wait for this worker's operations, then block until every worker of every rank arrives.
@@ -606,28 +683,48 @@ class Worker:
             e = s + 1
         if e <= s:
             raise ValueError(f"sample window [start, end) = [{s}, {e}) is empty")
-        if not cfg.with_replacement and k > cfg.hi - cfg.lo:
-            raise ValueError(f"cannot draw {k} distinct keys from [{cfg.lo}, {cfg.hi})")
         if self._rng is None:
             self._rng = np.random.default_rng(cfg.seed + 104729 * self.customer_id)
-        if cfg.with_replacement:
-            keys = self._rng.integers(cfg.lo, cfg.hi, size=k, dtype=np.int64)
+        cand: np.ndarray | None = None  # None: the whole range [lo, hi)
+        if cfg.scheme == "local":
+            owned = np.asarray(self._e.owned_keys(), dtype=np.int64)
+            cand = np.sort(owned[(owned >= cfg.lo) & (owned < cfg.hi)])
+            if cand.size == 0:  # nothing held here: this rank's home keys
+                size, rank = self.server.num_ranks(), self.server.my_rank()
+                cand = np.arange(cfg.lo + (rank - cfg.lo) % size, cfg.hi, size, dtype=np.int64)
+            if cand.size == 0:
+                cand = None
+        n = cfg.hi - cfg.lo if cand is None else int(cand.size)
+        if not cfg.with_replacement and k > n:
+            raise ValueError(f"cannot draw {k} distinct keys from {n} candidate keys in [{cfg.lo}, {cfg.hi})")
+        if cfg.distribution == "log-uniform":
+            j = np.arange(n, dtype=np.float64)
+            p = (np.log(j + 2.0) - np.log(j + 1.0)) / np.log(n + 1.0)
+            pos = self._rng.choice(n, size=k, replace=cfg.with_replacement, p=p / p.sum())
+        elif cfg.with_replacement:
+            pos = self._rng.integers(0, n, size=k)
         else:
-            keys = cfg.lo + self._rng.choice(cfg.hi - cfg.lo, size=k, replace=False).astype(np.int64)
-        if cfg.scheme == "preloc":
+            pos = self._rng.choice(n, size=k, replace=False)
+        keys = (cfg.lo + pos.astype(np.int64)) if cand is None else cand[pos]
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        if cfg.scheme in ("preloc", "pool"):
             self.intent(keys, s, e)
         sid = self._next_sample
         self._next_sample += 1
         self._samples[sid] = [keys, 0]
         return sid
 
-    def pull_sample(self, sample_id: int, keys_out: Any, vals_out: Any) -> int:
+    def pull_sample(self, sample_id: int, keys_out: Any, vals_out: Any, asynchronous: bool = False) -> int:
         """Take the next ``len(keys_out)`` keys of a prepared sample and pull their values.
+
+        ``keys_out`` receives the keys; ``vals_out`` their values (filled once
+        ``wait(ts)`` returns when ``asynchronous=True``).
 
         Returns
         -------
         int
-            -1 when answered locally, else the (already waited) timestamp.
+            -1 when answered locally, else a timestamp (already waited for
+            unless ``asynchronous``).
 
         Raises
         ------
@@ -659,4 +756,4 @@ class Worker:
             del self._samples[sid]
         else:
             self._samples[sid][1] = used + m
-        return self.pull(chunk, vals_out)
+        return self.pull(chunk, vals_out, asynchronous)
