@@ -140,6 +140,8 @@ for dt in (torch.float32, torch.float64, torch.int32, torch.int64, torch.float16
     assert mn[:, 0].tolist() == [0, -(size - 1), 5, 0] and mn[:, 1].tolist() == [0, size - 1, 0, 0], mn
 
 # large messages: both Allreduce algorithms (MPI_Allreduce; Reduce + Bcast on one node)
+saved_large = _raw.LARGE_BYTES
+_raw.LARGE_BYTES = 1 << 18  # exercise the large-message algorithms with 512 KiB messages
 for mode in ("mpi", "reduce_bcast", "auto"):
     os.environ["MPIAD_ALLREDUCE"] = mode
     _raw._ALGO.clear()
@@ -156,6 +158,7 @@ for mode in ("mpi", "reduce_bcast", "auto"):
     assert torch.equal(bg.grad, torch.full_like(big, size * (size + 1) // 2))
 os.environ.pop("MPIAD_ALLREDUCE")
 _raw._ALGO.clear()
+_raw.LARGE_BYTES = saved_large
 
 # Reduce_scatter, default equal split
 x = torch.arange(2 * size, dtype=torch.float32) * (rank + 1)
