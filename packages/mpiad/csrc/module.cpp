@@ -60,6 +60,12 @@ void check_len(const std::vector<int64_t>& v, int n, const char* what) {
   check<distkit::ValueError>(static_cast<int>(v.size()) == n, what, " has ", v.size(), " entries, expected ", n);
 }
 
+/// One int entry per rank of c (counts or displacements of a v-collective).
+std::vector<int> per_rank(const std::vector<int64_t>& v, MPI_Comm c, const char* what) {
+  check_len(v, comm_size(c), what);
+  return as_ints(v, what);
+}
+
 /// A pending non-blocking operation; holds its buffers until it completes.
 struct Request {
   MPI_Request req = MPI_REQUEST_NULL;
@@ -236,10 +242,8 @@ PYBIND11_MODULE(_mpiad, m) {
     dmpi::check(MPI_Comm_rank(c, &rank), "MPI_Comm_rank");
     std::vector<int> rc, rd;
     if (rank == root) {
-      check_len(counts, comm_size(c), "counts");
-      check_len(displs, comm_size(c), "displs");
-      rc = as_ints(counts, "counts");
-      rd = as_ints(displs, "displs");
+      rc = per_rank(counts, c, "counts");
+      rd = per_rank(displs, c, "displs");
     }
     int n = as_int(count, "count");
     distkit::nogil g;
@@ -250,10 +254,8 @@ PYBIND11_MODULE(_mpiad, m) {
                          std::vector<int64_t> displs, int64_t dtype) {
     MPI_Comm c = C(h);
     MPI_Datatype t = dmpi::datatype(D(dtype));
-    check_len(counts, comm_size(c), "counts");
-    check_len(displs, comm_size(c), "displs");
-    auto rc = as_ints(counts, "counts");
-    auto rd = as_ints(displs, "displs");
+    auto rc = per_rank(counts, c, "counts");
+    auto rd = per_rank(displs, c, "displs");
     int n = as_int(count, "count");
     distkit::nogil g;
     dmpi::check(MPI_Allgatherv(P(send), n, t, P(recv), rc.data(), rd.data(), t, c), "MPI_Allgatherv");
@@ -267,10 +269,8 @@ PYBIND11_MODULE(_mpiad, m) {
     dmpi::check(MPI_Comm_rank(c, &rank), "MPI_Comm_rank");
     std::vector<int> sc, sd;
     if (rank == root) {
-      check_len(counts, comm_size(c), "counts");
-      check_len(displs, comm_size(c), "displs");
-      sc = as_ints(counts, "counts");
-      sd = as_ints(displs, "displs");
+      sc = per_rank(counts, c, "counts");
+      sd = per_rank(displs, c, "displs");
     }
     int n = as_int(count, "count");
     distkit::nogil g;
