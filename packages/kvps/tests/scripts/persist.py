@@ -60,6 +60,7 @@ if MODE == "save":
     w.barrier()
     w.pull(allk, out)
     assert torch.equal(out, expected(size)), "state before save is wrong"
+    server.shutdown()  # collective: no rank leaves while another still awaits its replies
 else:
     saved = int(sys.argv[4])
     w.push(allk, torch.ones(total, dtype=DT))  # overwritten by the load
