@@ -90,6 +90,12 @@ def test_check_tensor() -> None:
 def test_as_index_tensor() -> None:
     out = validate.as_index_tensor(np.array([3, 1, 2]), "keys", upper=4)
     assert out.dtype == torch.int64 and out.tolist() == [3, 1, 2]
+    small = np.array([0, 3, 65535], dtype=np.uint16)
+    assert validate.as_index_tensor(small, "k", upper=65536, dtypes=("uint16",)).tolist() == [0, 3, 65535]
+    with pytest.raises(IndexError, match=r"k\[2\] = 65535 is out of range"):
+        validate.as_index_tensor(small, "k", upper=100, dtypes=("uint16",))
+    with pytest.raises(IndexError, match=r"k\[1\] = 7 is out of range"):
+        validate.as_index_tensor(torch.tensor([1, 7], dtype=torch.int32), "k", upper=7, dtypes=("int32",))
     assert validate.as_index_tensor([1, 2], "k", allow_sequence=True).tolist() == [1, 2]
     with pytest.raises(TypeError, match="keys must be an integer array of dtype int64, got torch.float32"):
         validate.as_index_tensor(torch.ones(2), "keys")

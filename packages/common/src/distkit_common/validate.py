@@ -143,15 +143,18 @@ def as_index_tensor(
         raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
     t = t.contiguous()
     if t.numel():
-        lo = int(t.min())
+        # One pass over the data for both bounds; the slow search for the position
+        # only runs on the error path.
+        wide = t.dtype in (torch.uint16, torch.uint32, torch.uint64)  # no CPU min/max kernels
+        c = t.to(torch.int64) if wide else t
+        lo_t, hi_t = torch.aminmax(c)
+        lo, hi = int(lo_t), int(hi_t)
         if lo < 0:
-            pos = int((t < 0).nonzero()[0])
-            raise IndexError(f"{name}[{pos}] = {int(t[pos])} is negative")
-        if upper is not None:
-            hi = int(t.max())
-            if hi >= upper:
-                pos = int((t >= upper).nonzero()[0])
-                raise IndexError(f"{name}[{pos}] = {int(t[pos])} is out of range [0, {upper})")
+            pos = int((c < 0).nonzero()[0])
+            raise IndexError(f"{name}[{pos}] = {int(c[pos])} is negative")
+        if upper is not None and hi >= upper:
+            pos = int((c >= upper).nonzero()[0])
+            raise IndexError(f"{name}[{pos}] = {int(c[pos])} is out of range [0, {upper})")
     return t
 
 
