@@ -67,15 +67,28 @@ def main(argv: list[str]) -> int:
                 row.setdefault("package", pkg)
                 rows.append(row)
         print(f"   ({time.monotonic() - t0:.0f} s)", flush=True)
-    write_report(rows, failures)
+    if only:  # a partial run refreshes those packages' rows and keeps everyone else's
+        rows = [r for r in previous_rows() if r.get("package") not in only] + rows
+        rows.sort(key=lambda r: str(r.get("package")))  # stable: each package keeps its own order
+    write_report(rows, failures, only)
     return 1 if failures else 0
 
 
-def write_report(rows: list[dict], failures: list[str]) -> None:
+def previous_rows() -> list[dict]:
+    """The measurements of the last report (empty when there is none or it does not parse)."""
+    try:
+        rows = json.loads((OUT / "results.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
+def write_report(rows: list[dict], failures: list[str], only: set[str] | frozenset[str] = frozenset()) -> None:
     lines = [
         "# distkit benchmark report",
         "",
-        f"Machine: {os.cpu_count()} cores; generated {time.strftime('%Y-%m-%d %H:%M')}.",
+        f"Machine: {os.cpu_count()} cores; generated {time.strftime('%Y-%m-%d %H:%M')}"
+        + (f" (re-ran: {', '.join(sorted(only))}; the other rows are from the previous report)." if only else "."),
         "",
         "| package | measurement | ratio | goal | met |",
         "| --- | --- | --- | --- | --- |",
