@@ -101,6 +101,65 @@ struct Request {
   }
 };
 
+/// Set the Python exception matching a C++ one (as distkit::register_exceptions does).
+PyObject* raise_from(const std::exception& e) {
+  if (dynamic_cast<const distkit::TypeError*>(&e)) {
+    PyErr_SetString(PyExc_TypeError, e.what());
+  } else if (dynamic_cast<const distkit::ValueError*>(&e) || dynamic_cast<const distkit::IndexError*>(&e)) {
+    PyErr_SetString(dynamic_cast<const distkit::ValueError*>(&e) ? PyExc_ValueError : PyExc_IndexError, e.what());
+  } else {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+/// allreduce_fast(comm, send, recv, nbytes, dtype, op): MPI_Allreduce of `nbytes`
+/// bytes, as a METH_FASTCALL function: the latency path skips pybind11's argument
+/// conversion (~150 ns of an 8-byte call here). Same checks and errors as
+/// `allreduce` (raised before any communication); MINLOC/MAXLOC reduce pairs.
+PyObject* allreduce_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 6) {
+    PyErr_SetString(PyExc_TypeError, "allreduce_fast(comm, send, recv, nbytes, dtype, op) takes 6 integers");
+    return nullptr;
+  }
+  const uintptr_t h = PyLong_AsUnsignedLongLong(args[0]);
+  const uintptr_t send = PyLong_AsUnsignedLongLong(args[1]);
+  const uintptr_t recv = PyLong_AsUnsignedLongLong(args[2]);
+  const long long nbytes = PyLong_AsLongLong(args[3]);
+  const long long code = PyLong_AsLongLong(args[4]);
+  const long long op = PyLong_AsLongLong(args[5]);
+  if (PyErr_Occurred()) return nullptr;
+  MPI_Datatype t = MPI_DATATYPE_NULL;
+  MPI_Op o = MPI_OP_NULL;
+  MPI_Comm c = MPI_COMM_NULL;
+  int n = 0;
+  try {
+    c = C(h);
+    const DType d = D(code);
+    const long long item = static_cast<long long>(distkit::itemsize(d)) * (op == mpiad::kMinloc || op == mpiad::kMaxloc ? 2 : 1);
+    check<distkit::ValueError>(nbytes >= 0 && nbytes % item == 0, "nbytes = ", nbytes, " is not a multiple of ", item);
+    mpiad::resolve(op, d, &t, &o);
+    n = as_int(nbytes / item, "count");
+  } catch (const std::exception& e) {
+    return raise_from(e);
+  }
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = MPI_Allreduce(send == recv ? MPI_IN_PLACE : P(send), P(recv), n, t, o, c);
+  Py_END_ALLOW_THREADS
+  try {
+    dmpi::check(rc, "MPI_Allreduce");
+  } catch (const std::exception& e) {
+    return raise_from(e);
+  }
+  Py_RETURN_NONE;
+}
+
+PyMethodDef g_allreduce_fast_def = {
+    "allreduce_fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&allreduce_fast)),
+    METH_FASTCALL,
+    "allreduce_fast(comm, send, recv, nbytes, dtype, op): MPI_Allreduce of nbytes bytes (the latency path)."};
+
 }  // namespace
 
 PYBIND11_MODULE(_mpiad, m) {
@@ -160,6 +219,9 @@ PYBIND11_MODULE(_mpiad, m) {
     dmpi::check(MPI_Allreduce(send == recv ? MPI_IN_PLACE : P(send), P(recv), n, t, o, c), "MPI_Allreduce");
   }, py::arg("comm"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"),
      py::arg("algo") = 0, "algo 0: MPI_Allreduce; 1: MPI_Reduce to rank 0 + MPI_Bcast.");
+
+  m.attr("allreduce_fast") =
+      py::reinterpret_steal<py::object>(PyCFunction_NewEx(&g_allreduce_fast_def, nullptr, m.attr("__name__").ptr()));
 
   m.def("comm_is_shared", [](uintptr_t h) {
     MPI_Comm c = C(h);

@@ -149,3 +149,49 @@ def test_large_outputs_reuse_only_unreferenced_buffers() -> None:
     y.sum().backward()
     assert torch.equal(w.grad, x)
     mpiad.empty_cache()
+
+
+def test_allreduce_latency_paths() -> None:
+    from mpiad import _mpiad
+
+    comm = mpiad.COMM_WORLD
+    # autograd latency path (one node; contiguous and expanded upstream gradients)
+    x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    y = comm.Allreduce(x, mpiad.MPI_SUM)
+    assert type(y.grad_fn).__name__ == "AllreduceSmallBackward" and torch.equal(y, x.detach())
+    y.sum().backward()  # stride-0 gradient: the general backward
+    assert torch.equal(x.grad, torch.ones(3))
+    (gx,) = torch.autograd.grad(comm.Allreduce(x, mpiad.MPI_SUM), x, torch.tensor([4.0, 5.0, 6.0]))
+    assert torch.equal(gx, torch.tensor([4.0, 5.0, 6.0]))
+    # ops that save the input, a Parameter, double backward
+    p = torch.nn.Parameter(torch.tensor([2.0, 5.0]))
+    (gp,) = torch.autograd.grad(comm.Allreduce(p, mpiad.MPI_MAX).sum(), p)
+    assert torch.equal(gp, torch.ones(2))
+    g = torch.tensor([1.0, 2.0], requires_grad=True)
+    (gp,) = torch.autograd.grad(comm.Allreduce(p, mpiad.MPI_PROD), p, g, create_graph=True)
+    assert gp.requires_grad and torch.equal(gp.detach(), torch.tensor([1.0, 2.0]))
+    (gg,) = torch.autograd.grad(gp.sum(), g)
+    assert torch.equal(gg, torch.ones(2))
+    with torch.no_grad():  # requires_grad but no autograd: the native fast path
+        z = comm.Allreduce(x, mpiad.MPI_SUM)
+    assert z.grad_fn is None and torch.equal(z, x.detach())
+    # bools are not ops, even though True == 1 == MPI_MIN
+    with pytest.raises(TypeError, match="op must be an int"):
+        comm.Allreduce(torch.ones(2), True)  # type: ignore[arg-type]
+    # the METH_FASTCALL native entry checks like the pybind11 one
+    h, a, b = comm._handle, torch.arange(4.0), torch.empty(4)
+    _mpiad.allreduce_fast(h, a.data_ptr(), b.data_ptr(), 16, 2, mpiad.MPI_SUM)
+    assert torch.equal(a, b)
+    pairs, out = torch.tensor([[3.0, 0.0], [1.0, 0.0]]), torch.empty(2, 2)
+    _mpiad.allreduce_fast(h, pairs.data_ptr(), out.data_ptr(), 16, 2, mpiad.MPI_MAXLOC)
+    assert torch.equal(out, pairs)
+    with pytest.raises(TypeError, match="takes 6 integers"):
+        _mpiad.allreduce_fast(h, 0, 0, 16, 2)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _mpiad.allreduce_fast(h, 0, 0, 16.0, 2, 2)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not a multiple of 4"):
+        _mpiad.allreduce_fast(h, a.data_ptr(), b.data_ptr(), 6, 2, mpiad.MPI_SUM)
+    with pytest.raises(TypeError, match="MPI_BXOR is not supported for dtype float32"):
+        _mpiad.allreduce_fast(h, a.data_ptr(), b.data_ptr(), 16, 2, mpiad.MPI_BXOR)
+    with pytest.raises(TypeError, match="unknown dtype code 99"):
+        _mpiad.allreduce_fast(h, a.data_ptr(), b.data_ptr(), 16, 99, mpiad.MPI_SUM)

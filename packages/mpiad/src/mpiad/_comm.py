@@ -16,7 +16,7 @@ import torch
 
 from . import _functions as F
 from . import _mpiad, _p2p, _raw
-from ._constants import MPI_MAXLOC, MPI_MINLOC, MPI_SUM
+from ._constants import MPI_MAXLOC, MPI_MINLOC, MPI_SUM, OP_NAMES
 from ._errors import MpiadTypeError, MpiadValueError
 from ._p2p import WaitHandle
 
@@ -26,17 +26,43 @@ _is_compiling = torch.compiler.is_compiling
 _allreduce = _mpiad.allreduce
 _CODE = _raw._CODE
 
-# (op, dtype) pairs already validated (keeps the fast path cheap)
-_VALID: set[tuple[int, torch.dtype]] = set()
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
+_empty_like = torch.empty_like
+_grad_enabled = torch.is_grad_enabled
+_AllreduceSmall = F.AllreduceSmall
+_apply_small = F.apply_small
+_functorch_active = F.functorch_active
+_unwrap_if_dead = F.unwrap_if_dead
+_allreduce_fast = _mpiad.allreduce_fast
+#: below this many bytes a new Allreduce output is a plain torch.empty_like (above: the pool)
+_SMALL = min(_raw.POOL_MIN_BYTES, _raw.LARGE_BYTES)
+
+
+def _valid_pairs() -> dict[tuple[int, torch.dtype], int]:
+    """Every (op, dtype) pair a reduction accepts (MINLOC/MAXLOC excluded: they need
+    a shape check), mapped to the dtype code: one dict lookup validates a call."""
+    out = {}
+    for dtype, code in _CODE.items():
+        for op in OP_NAMES:
+            if op in (MPI_MINLOC, MPI_MAXLOC):
+                continue
+            try:
+                _raw._check_op_dtype(op, dtype)
+            except MpiadTypeError:
+                continue
+            out[(op, dtype)] = code
+    return out
+
+
+# (op, dtype) -> dtype code; built once, never mutated (torch.compile may guard on it)
+_FAST: dict[tuple[int, torch.dtype], int] = _valid_pairs()
 
 
 def _check_op(op: Any, t: Tensor) -> int:
-    if (op, t.dtype) in _VALID:
+    if type(op) is int and (op, t.dtype) in _FAST:
         return op
-    op = _raw.check_op(op, t)
-    if op not in (MPI_MINLOC, MPI_MAXLOC):
-        _VALID.add((op, t.dtype))
-    return op
+    return _raw.check_op(op, t)
 
 
 def _needs_grad(t: Tensor) -> bool:
@@ -134,40 +160,32 @@ class Communicator:
         ValueError
             Unknown ``op``; ``out`` not matching, or used with autograd.
         """
-        if (
-            type(tensor) is torch.Tensor
-            and tensor.requires_grad
-            and out is None
-            and (op, tensor.dtype) in _VALID
-            and tensor.layout == torch.strided
-            and torch.is_grad_enabled()
-            and not _is_compiling()
-        ):
-            # autograd with already validated arguments
-            return F.Allreduce.apply(tensor, self._handle, self._rank, self._size, op)
-        if (
-            type(tensor) is torch.Tensor
-            and not _raw._debug
-            and not tensor.requires_grad
-            and tensor.is_cpu
-            and (op, tensor.dtype) in _VALID
-            and tensor.is_contiguous()
-            and not _is_compiling()
-        ):
-            # the latency fast path: no autograd, no staging, no copies
-            n = tensor.numel()
-            nbytes = n * tensor.element_size()
-            if out is None:
-                out = torch.empty_like(tensor) if nbytes < _raw.POOL_MIN_BYTES else _raw.new_output(tensor)
-            else:
-                _check_out(out, tensor)
-            algo = _raw.large_algo(self._handle) if nbytes >= _raw.LARGE_BYTES else 0
-            _allreduce(self._handle, tensor.data_ptr(), out.data_ptr(), n, _CODE[tensor.dtype], op, algo)
-            return out
+        if type(op) is int and (type(tensor) is _Tensor or type(tensor) is _Parameter):
+            # the latency paths: a validated (op, dtype) pair and a contiguous CPU tensor
+            code = _FAST.get((op, tensor.dtype))
+            if code is not None and tensor.is_cpu and tensor.is_contiguous() and not _raw._debug:
+                nbytes = tensor.nbytes
+                if tensor.requires_grad and _grad_enabled():
+                    if out is None and nbytes < _SMALL and not _is_compiling():
+                        if _functorch_active():
+                            return _AllreduceSmall.apply(tensor, self, op, code)
+                        return _apply_small(_unwrap_if_dead(tensor), self, op, code)
+                elif not _is_compiling():
+                    # no autograd: one allocation and the native call, no staging or copies
+                    if out is None:
+                        out = _empty_like(tensor) if nbytes < _SMALL else _raw.new_output(tensor)
+                    elif out is not tensor:
+                        _check_out(out, tensor)
+                    if nbytes < _raw.LARGE_BYTES:
+                        _allreduce_fast(self._handle, tensor.data_ptr(), out.data_ptr(), nbytes, code, op)
+                    else:
+                        algo = _raw.large_algo(self._handle)
+                        _allreduce(self._handle, tensor.data_ptr(), out.data_ptr(), tensor.numel(), code, op, algo)
+                    return out
         t = _raw.check_tensor(tensor)
         op = _check_op(op, t)
         if out is not None:
-            if t.requires_grad or not t.is_cpu or not t.is_contiguous() or _is_compiling():
+            if _needs_grad(t) or not t.is_cpu or not t.is_contiguous() or _is_compiling():
                 raise MpiadValueError("out= is only supported for contiguous CPU tensors that do not require grad")
             _check_out(out, t)
             _raw.debug_check(self._handle, _raw.OP_ALLREDUCE, t, op)
