@@ -73,7 +73,7 @@ void check_index_range(const I* idx, int64_t n, int64_t nrows) {
 class Table {
  public:
   Table(std::vector<uintptr_t> chunks, int64_t rows_per_chunk, int64_t nrows, int64_t ncols, int64_t row_stride,
-        int64_t col_stride, int dtype, bool on_device) {
+        int64_t col_stride, int dtype, bool on_device, int device) {
     check(!chunks.empty(), "a table needs at least one chunk");
     check(rows_per_chunk > 0, "rows_per_chunk must be positive, got ", rows_per_chunk);
     check(nrows >= 0 && ncols >= 0, "negative table size ", nrows, " x ", ncols);
@@ -87,10 +87,23 @@ class Table {
     d_.col_stride = col_stride;
     d_.dtype = distkit::dtype_from_code(dtype);
     on_device_ = on_device;
-#ifndef DISTKIT_WITH_CUDA
+    device_ = device;
+#ifdef DISTKIT_WITH_CUDA
+    if (on_device_) {
+      check(device >= 0, "a device table needs a CUDA device index, got ", device);
+      dev_chunks_ = cuda::upload_chunks(d_.chunks, device);  // the device chunk table, freed in ~Table
+    }
+#else
     check<distkit::Error>(!on_device, "this build of wholemem has no CUDA support (built without nvcc)");
 #endif
   }
+  ~Table() {
+#ifdef DISTKIT_WITH_CUDA
+    cuda::free_chunks(dev_chunks_, device_);
+#endif
+  }
+  Table(const Table&) = delete;
+  Table& operator=(const Table&) = delete;
 
   void op(RowOp op, uintptr_t idx, bool idx64, int64_t n, uintptr_t data, float alpha, uintptr_t stream) const {
     check(n >= 0, "negative number of indices ", n);
@@ -99,7 +112,7 @@ class Table {
     if (on_device_) {
 #ifdef DISTKIT_WITH_CUDA
       py::gil_scoped_release release;
-      cuda::row_op(op, d_, idx, idx64, n, data, alpha, stream);
+      cuda::row_op(op, d_, dev_chunks_, device_, idx, idx64, n, data, alpha, stream);
       return;
 #endif
     }
@@ -116,6 +129,7 @@ class Table {
 
   const TableDesc& desc() const { return d_; }
   bool on_device() const { return on_device_; }
+  int device() const { return device_; }
 
  private:
   template <class T, class I>
@@ -140,6 +154,8 @@ class Table {
 
   TableDesc d_;
   bool on_device_ = false;
+  int device_ = -1;
+  uintptr_t dev_chunks_ = 0;  // device copy of d_.chunks (device tables only)
 };
 
 void optim_update(int kind, const Table& table, uintptr_t idx, int64_t n, uintptr_t grad, uintptr_t s0, uintptr_t s1,
@@ -157,7 +173,7 @@ void optim_update(int kind, const Table& table, uintptr_t idx, int64_t n, uintpt
   if (table.on_device()) {
 #ifdef DISTKIT_WITH_CUDA
     py::gil_scoped_release release;
-    cuda::optim_update(p, d, idx, n, grad, s0, s1, row_state, stream);
+    cuda::optim_update(p, d, table.device(), idx, n, grad, s0, s1, row_state, stream);
     return;
 #endif
   }
@@ -240,9 +256,11 @@ PYBIND11_MODULE(_wholemem, m) {
       });
 
   py::class_<Table>(m, "Table")
-      .def(py::init<std::vector<uintptr_t>, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool>(),
+      .def(py::init<std::vector<uintptr_t>, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int>(),
            py::arg("chunks"), py::arg("rows_per_chunk"), py::arg("nrows"), py::arg("ncols"), py::arg("row_stride"),
-           py::arg("col_stride"), py::arg("dtype"), py::arg("on_device") = false)
+           py::arg("col_stride"), py::arg("dtype"), py::arg("on_device") = false, py::arg("device") = -1,
+           "A row table; on_device=True: chunk addresses are device pointers (or host memory mapped for the "
+           "device) and ops run CUDA kernels on `device`.")
       .def(
           "gather",
           [](const Table& t, uintptr_t idx, bool idx64, int64_t n, uintptr_t out, uintptr_t stream) {
@@ -272,7 +290,8 @@ PYBIND11_MODULE(_wholemem, m) {
       .def_property_readonly("row_stride", [](const Table& t) { return t.desc().row_stride; })
       .def_property_readonly("col_stride", [](const Table& t) { return t.desc().col_stride; })
       .def_property_readonly("dtype", [](const Table& t) { return static_cast<int>(t.desc().dtype); })
-      .def_property_readonly("on_device", &Table::on_device);
+      .def_property_readonly("on_device", &Table::on_device)
+      .def_property_readonly("device", &Table::device);
 
   m.def("optim_update", &optim_update, py::arg("kind"), py::arg("table"), py::arg("idx"), py::arg("n"),
         py::arg("grad"), py::arg("state0"), py::arg("state1"), py::arg("row_state"), py::arg("lr"),
@@ -285,9 +304,23 @@ PYBIND11_MODULE(_wholemem, m) {
   m.def("ipc_get_handle", [](uintptr_t p) { return py::bytes(cuda::ipc_get_handle(p)); });
   m.def("ipc_open_handle", [](const py::bytes& h, int device) { return cuda::ipc_open_handle(std::string(h), device); });
   m.def("ipc_close_handle", &cuda::ipc_close_handle);
+  m.def("device_alloc", &cuda::device_alloc, py::arg("nbytes"), py::arg("device"),
+        "cudaMalloc of nbytes on device, zero-filled and synchronised.");
+  m.def("device_free", &cuda::device_free, py::arg("ptr"), py::arg("device"));
+  m.def("host_register", &cuda::host_register, py::arg("addr"), py::arg("nbytes"), py::arg("device"),
+        "cudaHostRegister(portable | mapped) of host memory; returns its device address.");
+  m.def("host_unregister", &cuda::host_unregister, py::arg("addr"));
 #else
   m.def("ipc_get_handle", [](uintptr_t) -> py::bytes { no_cuda("ipc_get_handle"); });
   m.def("ipc_open_handle", [](const py::bytes&, int) -> uintptr_t { no_cuda("ipc_open_handle"); });
   m.def("ipc_close_handle", [](uintptr_t) { no_cuda("ipc_close_handle"); });
+  m.def(
+      "device_alloc", [](size_t, int) -> uintptr_t { no_cuda("device_alloc"); }, py::arg("nbytes"),
+      py::arg("device"));
+  m.def("device_free", [](uintptr_t, int) { no_cuda("device_free"); }, py::arg("ptr"), py::arg("device"));
+  m.def(
+      "host_register", [](uintptr_t, size_t, int) -> uintptr_t { no_cuda("host_register"); }, py::arg("addr"),
+      py::arg("nbytes"), py::arg("device"));
+  m.def("host_unregister", [](uintptr_t) { no_cuda("host_unregister"); }, py::arg("addr"));
 #endif
 }

@@ -26,16 +26,29 @@ enum class RowOp { Gather, Scatter, ScatterAdd };
 #ifdef DISTKIT_WITH_CUDA
 namespace cuda {
 int device_count();
-/// Row op on a device-resident chunk table (chunk addresses are device pointers).
-void row_op(RowOp op, const TableDesc& t, uintptr_t idx, bool idx64, int64_t n, uintptr_t data, float alpha,
-            uintptr_t stream);
+/// Copy the chunk base addresses (device pointers, or host pointers mapped for the
+/// device) into a device array on `device`; returns its address.
+uintptr_t upload_chunks(const std::vector<uintptr_t>& chunks, int device);
+/// Free an array made by upload_chunks (never throws: called from destructors).
+void free_chunks(uintptr_t dev_chunks, int device) noexcept;
+/// Row op on a device-resident chunk table (`dev_chunks` from upload_chunks), launched
+/// on `stream` of `device`; idx and data are device pointers (or mapped host memory).
+void row_op(RowOp op, const TableDesc& t, uintptr_t dev_chunks, int device, uintptr_t idx, bool idx64, int64_t n,
+            uintptr_t data, float alpha, uintptr_t stream);
 /// Sparse optimizer step on device memory (same per-element code as the CPU).
-void optim_update(const OptParams& p, const TableDesc& w, uintptr_t idx, int64_t n, uintptr_t grad,
+void optim_update(const OptParams& p, const TableDesc& w, int device, uintptr_t idx, int64_t n, uintptr_t grad,
                   uintptr_t s0, uintptr_t s1, uintptr_t row_state, uintptr_t stream);
-/// CUDA IPC: export a device allocation / map a peer's allocation.
+/// cudaMalloc on `device`, zero-filled and synchronised (IPC peers may read it at once).
+uintptr_t device_alloc(size_t nbytes, int device);
+void device_free(uintptr_t ptr, int device);
+/// CUDA IPC: export a device allocation / map a peer's allocation / unmap it.
 std::string ipc_get_handle(uintptr_t dev_ptr);
 uintptr_t ipc_open_handle(const std::string& handle, int device);
 void ipc_close_handle(uintptr_t dev_ptr);
+/// Page-lock host memory (e.g. a shared-memory segment) and map it for every device;
+/// returns the device address of `addr` as seen from `device`.
+uintptr_t host_register(uintptr_t addr, size_t nbytes, int device);
+void host_unregister(uintptr_t addr);
 }  // namespace cuda
 #endif
 

@@ -125,18 +125,28 @@ def test_lazy_adam_kernel_per_row_bias_correction() -> None:
 
 def test_cuda_paths_raise_clearly_without_a_gpu() -> None:
     import pytest
-    import torch
 
     if _wholemem.cuda_device_count() > 0:
         pytest.skip("a GPU is visible")
-    idx = torch.tensor([0])
-    out = torch.empty(1, 2)
     if not _wholemem.cuda_compiled():
         with pytest.raises(RuntimeError, match="no CUDA support"):
-            _wholemem.Table([1], 1, 1, 2, 2, 1, 2, True)
+            _wholemem.Table([1], 1, 1, 2, 2, 1, 2, True, 0)
+        with pytest.raises(RuntimeError, match="no CUDA support"):
+            _wholemem.device_alloc(16, 0)
         return
-    table = _wholemem.Table([1], 1, 1, 2, 2, 1, 2, True)  # a device chunk table
-    with pytest.raises(RuntimeError, match="CUDA device"):
-        table.gather(int(idx.data_ptr()), True, 1, int(out.data_ptr()))
-    with pytest.raises(RuntimeError, match="CUDA"):
-        _wholemem.ipc_get_handle(1)
+    # the device chunk table is uploaded at construction: no device, no table
+    with pytest.raises(RuntimeError, match="device chunk table needs a CUDA device, and none is visible"):
+        _wholemem.Table([1], 1, 1, 2, 2, 1, 2, True, 0)
+    with pytest.raises(ValueError, match="device index"):
+        _wholemem.Table([1], 1, 1, 2, 2, 1, 2, True)
+    for call in (
+        lambda: _wholemem.device_alloc(16, 0),
+        lambda: _wholemem.device_free(1, 0),
+        lambda: _wholemem.ipc_get_handle(1),
+        lambda: _wholemem.ipc_open_handle(b"x" * 64, 0),
+        lambda: _wholemem.ipc_close_handle(1),
+        lambda: _wholemem.host_register(4096, 16, 0),
+        lambda: _wholemem.host_unregister(4096),
+    ):
+        with pytest.raises(RuntimeError, match="needs a CUDA device, and none is visible"):
+            call()

@@ -73,6 +73,11 @@ def get_unique_id(timeout: datetime.timedelta = _DEFAULT_TIMEOUT) -> UniqueId:
 
 
 def _node_key() -> str:
+    # Testing hook: WHOLEMEM_NODE_ID makes ranks of one machine look like separate nodes
+    # (shared-memory types must then refuse the communicator).
+    override = os.environ.get("WHOLEMEM_NODE_ID")
+    if override:
+        return f"override/{override}"
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
@@ -102,6 +107,10 @@ class Communicator:
         self._store = store
         self._owns_pg = owns_pg
         self._destroyed = False
+        backend_name = "" if store is not None else str(dist.get_backend(pg)) if dist.is_initialized() else ""
+        self._pg_has_cuda = "nccl" in backend_name  # e.g. init_process_group("cpu:gloo,cuda:nccl")
+        self._dev_pg: Any = None  # NCCL group for GPU-resident tensors, made on first use
+        self._gpu_chunks: list[Any] = []  # GPU CHUNKED allocations, released by destroy()
         self.rank: int = int(pg.rank())
         self.size: int = int(pg.size())
         keys: list[str] = self.allgather_object(_node_key())
@@ -130,9 +139,22 @@ class Communicator:
             raise RuntimeError(f"wholemem {what}: the communicator was destroyed")
 
     def _mark_destroyed(self) -> None:
+        # Not collective (finalize_lib): unmap the peers' GPU chunks, but never free this
+        # rank's own chunks (a peer may still map them); process exit returns them.
+        for g in self._gpu_chunks:
+            try:
+                g.close_imports()
+            except Exception:  # noqa: BLE001 - best effort while tearing down
+                pass
+        self._gpu_chunks = []
         self._destroyed = True
         self._pg = None
+        self._dev_pg = None
         self._store = None
+
+    def register_gpu_chunks(self, chunks: Any) -> None:
+        """Keep a GPU CHUNKED allocation until the collective :meth:`destroy`."""
+        self._gpu_chunks.append(chunks)
 
     def barrier(self) -> None:
         """Block until every rank of the group has called ``barrier``.
@@ -143,19 +165,80 @@ class Communicator:
             If the communicator was destroyed.
         """
         self.check_alive("barrier")
+        # this rank's GPU writes (CUDA kernels on its streams) complete before the others go on
+        from ._gpu import backend
+
+        backend().synchronize()
         # an allreduce doubles as a barrier and works on every backend
         t = torch.zeros(1)
         self._pg.allreduce([t]).wait()
 
     def destroy(self) -> None:
-        """Collective: wait for every rank, then release the group (idempotent)."""
+        """Collective: wait for every rank, then release the group (idempotent).
+
+        GPU CHUNKED tensors of this communicator become unusable: every rank unmaps the
+        peers' chunks, then (after a barrier) frees its own chunk once no local view of
+        it is alive.
+
+        Raises
+        ------
+        RuntimeError
+            A CUDA error while unmapping (after the group was released).
+        """
         if self._destroyed:
             return
-        self.barrier()
+        errors = []
+        for g in self._gpu_chunks:
+            try:
+                g.close_imports()
+            except Exception as e:  # noqa: BLE001 - still take part in the barrier
+                errors.append(e)
+        self.barrier()  # every peer has unmapped this rank's chunks
+        for g in self._gpu_chunks:
+            if g.own is not None:
+                g.own.released = True  # freed now, or when the last local view dies
+        self._gpu_chunks = []
+        if self._dev_pg is not None and self._dev_pg is not self._pg and hasattr(self._dev_pg, "shutdown"):
+            self._dev_pg.shutdown()
         self._mark_destroyed()
         _lib._communicators.discard(self)
         if self._token is not None:
             _lib._servers.pop(self._token, None)  # every rank is connected: the store is no longer needed
+        if errors:
+            raise RuntimeError(f"wholemem Communicator.destroy: unmapping GPU chunks failed: {errors[0]}")
+
+    # -- process group for GPU-resident tensors ------------------------------------
+    def device_group_problem(self, device: torch.device) -> str | None:
+        """Why collectives on ``device`` tensors are impossible, or None (checked before
+        any collective, and the same on every rank)."""
+        if device.type != "cuda" or self._dev_pg is not None or self._pg_has_cuda:
+            return None
+        if self._store is None:
+            return (
+                "this communicator wraps a process group without a CUDA backend; use a group made with "
+                "backend='cpu:gloo,cuda:nccl', or create_communicator"
+            )
+        if not dist.is_nccl_available():
+            return "this torch build has no NCCL"
+        return None
+
+    def ensure_device_group(self, device: torch.device) -> None:
+        """Collective (first call): make the NCCL group used for ``device`` tensors."""
+        self.check_alive("create_wm_tensor")
+        if device.type != "cuda" or self._dev_pg is not None:
+            return
+        if self._pg_has_cuda:
+            self._dev_pg = self._pg
+            return
+        store = dist.PrefixStore(f"wholemem/{self._token}/nccl", self._store)
+        self._dev_pg = dist.ProcessGroupNCCL(store, self.rank, self.size)  # pragma: no cover - needs GPUs
+
+    def _group_for(self, t: torch.Tensor) -> Any:
+        if t.device.type == "cpu":
+            return self._pg
+        if self._dev_pg is None:
+            raise RuntimeError(f"wholemem: no process group for {t.device} tensors on this communicator")
+        return self._dev_pg
 
     # -- collectives used by the tensor types ---------------------------------------
     def allgather_object(self, obj: Any) -> list[Any]:
@@ -175,15 +258,15 @@ class Communicator:
     def all_to_all(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
         """Exchange rows of ``send`` (grouped by destination) and return the received rows."""
         self.check_alive("all_to_all")
-        recv = torch.empty((sum(recv_counts), *send.shape[1:]), dtype=send.dtype)
-        self._pg.alltoall_base(recv, send.contiguous(), recv_counts, send_counts).wait()
+        recv = torch.empty((sum(recv_counts), *send.shape[1:]), dtype=send.dtype, device=send.device)
+        self._group_for(send).alltoall_base(recv, send.contiguous(), recv_counts, send_counts).wait()
         return recv
 
     def exchange_counts(self, send_counts: torch.Tensor) -> torch.Tensor:
         """counts[r] sent to rank r -> counts received from every rank."""
         self.check_alive("all_to_all")
         recv = torch.empty_like(send_counts)
-        self._pg.alltoall_base(recv, send_counts.contiguous(), [], []).wait()
+        self._group_for(send_counts).alltoall_base(recv, send_counts.contiguous(), [], []).wait()
         return recv
 
     def allreduce_max(self, value: int) -> int:

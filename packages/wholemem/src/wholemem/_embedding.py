@@ -123,7 +123,7 @@ class Embedding(nn.Module):
     TypeError
         A non-floating dtype or an unknown optimizer.
     ValueError
-        ``init`` of the wrong shape.
+        ``init`` of the wrong shape, or ``tensor_type=DEVICE`` (tables live in host memory).
     """
 
     def __init__(
@@ -141,6 +141,11 @@ class Embedding(nn.Module):
         super().__init__()
         if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
             raise TypeError(f"Embedding needs a floating dtype, got {dtype}")
+        if tensor_type is WmTensorType.DEVICE:
+            raise ValueError(
+                "Embedding keeps its table and optimizer state in host memory; use tensor_type HOST, CHUNKED "
+                "or NCCL (GPU-resident embedding tables are not implemented)"
+            )
         if optimizer is not None and not isinstance(optimizer, (SGD, Adagrad, LazyAdam, RMSProp)):
             raise TypeError(f"optimizer must be wholemem SGD, Adagrad, LazyAdam or RMSProp, got {optimizer!r}")
         self.comm = comm

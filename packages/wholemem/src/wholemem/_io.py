@@ -39,7 +39,7 @@ def _row_bytes(row_shape: Sequence[int], dtype: torch.dtype) -> int:
 
 
 def _bytes_of(rows: torch.Tensor) -> memoryview:
-    flat = rows.contiguous().reshape(-1)
+    flat = rows.detach().contiguous().reshape(-1).cpu()
     return memoryview(flat.view(torch.uint8).numpy().tobytes()) if flat.numel() else memoryview(b"")
 
 

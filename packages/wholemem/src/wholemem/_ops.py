@@ -10,10 +10,10 @@ import torch
 
 from distkit_common.validate import as_index_tensor, as_tensor
 
-from . import _lib
+from . import _gpu, _lib
 from ._layout import local_range, plain_table_args
-from ._tensor import ChunkedTensor, HostInfo, NCCLTensor, _WmTensor, host_info, register_host
-from ._wholemem import Table, check_indices
+from ._tensor import ChunkedTensor, HostInfo, NCCLTensor, _require_gpu, _rows_view, _WmTensor, host_info, register_host
+from ._wholemem import Segment, Table, check_indices
 
 WmAny = Any  # torch.Tensor | ChunkedTensor | NCCLTensor
 
@@ -110,9 +110,10 @@ def gather(t: WmAny, indices: Any, out: torch.Tensor | None = None) -> torch.Ten
     t : torch.Tensor, ChunkedTensor or NCCLTensor
         Any wholemem tensor (or any CPU tensor).
     indices : torch.Tensor or numpy.ndarray
-        1-D int64 or int32 row indices in ``[0, t.shape[0])``, on the CPU.
+        1-D int64 or int32 row indices in ``[0, t.shape[0])``, on the CPU (or, for a
+        GPU-resident tensor, on its GPU).
     out : torch.Tensor, optional
-        Contiguous ``[len(indices), *t.shape[1:]]`` tensor of ``t``'s dtype.
+        Contiguous ``[len(indices), *t.shape[1:]]`` tensor of ``t``'s dtype, on ``t.device``.
 
     Returns
     -------
@@ -130,6 +131,8 @@ def gather(t: WmAny, indices: Any, out: torch.Tensor | None = None) -> torch.Ten
         Library finalized or communicator destroyed.
     """
     _check_target(t, "gather")
+    if isinstance(t, _WmTensor) and t.is_gpu:
+        return _gpu_gather(t, indices, out)
     if isinstance(t, torch.Tensor) and t.device.type != "cpu":
         idx = as_index_tensor(
             indices.cpu() if isinstance(indices, torch.Tensor) else indices,
@@ -168,9 +171,11 @@ def scatter(t: WmAny, indices: Any, values: Any) -> None:
     ----------
     t : torch.Tensor, ChunkedTensor or NCCLTensor
     indices : torch.Tensor or numpy.ndarray
-        1-D int64 or int32 row indices in ``[0, t.shape[0])``, on the CPU.
+        1-D int64 or int32 row indices in ``[0, t.shape[0])``, on the CPU (or, for a
+        GPU-resident tensor, on its GPU).
     values : torch.Tensor or numpy.ndarray
-        ``[len(indices), *t.shape[1:]]`` of ``t``'s dtype, on the CPU.
+        ``[len(indices), *t.shape[1:]]`` of ``t``'s dtype, on ``t.device``. With duplicate
+        indices on a GPU-resident tensor, any one of the duplicates wins.
 
     Raises
     ------
@@ -184,6 +189,9 @@ def scatter(t: WmAny, indices: Any, values: Any) -> None:
         Library finalized or communicator destroyed.
     """
     _check_target(t, "scatter")
+    if isinstance(t, _WmTensor) and t.is_gpu:
+        _gpu_scatter(t, indices, values)
+        return
     if isinstance(t, torch.Tensor) and t.device.type != "cpu":
         idx = as_index_tensor(
             indices.cpu() if isinstance(indices, torch.Tensor) else indices,
@@ -230,7 +238,7 @@ def _route(t: NCCLTensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 def _as_bytes(x: torch.Tensor) -> torch.Tensor:
     x = x.reshape(x.shape[0], math.prod(x.shape[1:]))
     if x.shape[1] == 0 or x.shape[0] == 0:
-        return torch.empty((x.shape[0], x.shape[1] * x.element_size()), dtype=torch.uint8)
+        return torch.empty((x.shape[0], x.shape[1] * x.element_size()), dtype=torch.uint8, device=x.device)
     return x.contiguous().view(torch.uint8)
 
 
@@ -266,6 +274,110 @@ def _nccl_scatter(t: NCCLTensor, idx: torch.Tensor, vals: torch.Tensor) -> None:
     else:
         rows = torch.empty((ridx.numel(), *_row_shape(t)), dtype=t.dtype)
     _native_scatter(t._table, ridx, rows.contiguous())
+
+
+# -- GPU-resident CHUNKED / NCCL tensors: CUDA kernels on torch's current stream -----------
+
+
+def _gpu_indices(t: _WmTensor, indices: Any) -> torch.Tensor:
+    """Validated 1-D int32/int64 indices on ``t.device`` (CPU indices are checked natively
+    and copied; device indices are checked with one reduction and one host sync)."""
+    x = as_tensor(indices, "indices")
+    if x.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"indices must be an integer array of dtype int64 or int32, got {x.dtype}")
+    if x.dim() != 1:
+        raise ValueError(f"indices must be 1-D, got shape {tuple(x.shape)}")
+    n = int(t.shape[0])
+    if x.device.type == "cpu":
+        return _indices(x, n).to(t.device)
+    if x.device != t.device:
+        raise ValueError(f"indices must be on the CPU or on {t.device} (the tensor's device), got {x.device}")
+    x = x.contiguous()
+    if x.numel():
+        bad = (x < 0) | (x >= n)
+        if bool(bad.any()):
+            pos = int(torch.nonzero(bad)[0, 0])
+            raise IndexError(f"index {int(x[pos])} at position {pos} is out of range for {n} rows")
+    return x
+
+
+def _gpu_rows_arg(t: _WmTensor, x: Any, n: int, name: str) -> torch.Tensor:
+    want = (n, *_row_shape(t))
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor on {t.device}, got {type(x).__name__}")
+    if x.dtype != t.dtype:
+        raise TypeError(f"{name} must have dtype {t.dtype} (the tensor's), got {x.dtype}")
+    if x.device != t.device:
+        raise ValueError(f"{name} must be on {t.device} (the tensor's device), got {x.device}")
+    if tuple(x.shape) != want:
+        raise ValueError(f"{name} must have shape {want} (one row per index), got {tuple(x.shape)}")
+    return x
+
+
+def _run(t: _WmTensor, table: Table, op: str, idx: torch.Tensor, data: torch.Tensor) -> None:
+    if not idx.numel():
+        return
+    assert t._be is not None and t._dev is not None
+    stream = t._be.stream(t._dev) if t._be.on_device else 0
+    fn = table.gather if op == "gather" else table.scatter
+    fn(int(idx.data_ptr()), idx.dtype == torch.int64, int(idx.numel()), int(data.data_ptr()), stream)
+
+
+def _from_bytes(b: torch.Tensor, t: _WmTensor, n: int) -> torch.Tensor:
+    if b.numel() == 0:
+        return torch.empty((n, *_row_shape(t)), dtype=t.dtype, device=b.device)
+    return b.contiguous().view(t.dtype).reshape(n, *_row_shape(t))
+
+
+def _gpu_route(t: NCCLTensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]]:
+    comm = t.comm
+    gidx = idx.to(torch.int64) + t._row_offset
+    owner = torch.div(gidx, t._rpr, rounding_mode="floor")
+    order = torch.argsort(owner, stable=True)
+    send_counts = torch.bincount(owner, minlength=comm.size)
+    recv_counts = comm.exchange_counts(send_counts)
+    sc, rc = send_counts.tolist(), recv_counts.tolist()
+    ridx = comm.all_to_all(gidx[order], sc, rc) - t._first
+    return order, ridx, sc, rc
+
+
+def _gpu_gather(t: _WmTensor, indices: Any, out: torch.Tensor | None) -> torch.Tensor:
+    idx = _gpu_indices(t, indices)
+    n = idx.numel()
+    o = torch.empty((n, *_row_shape(t)), dtype=t.dtype, device=t.device) if out is None else out
+    o = _gpu_rows_arg(t, o, n, "out")
+    if not o.is_contiguous():
+        raise ValueError(f"out must be a contiguous tensor of shape {tuple(o.shape)}")
+    assert t._table is not None
+    if isinstance(t, ChunkedTensor):
+        _run(t, t._table, "gather", idx + t._row_offset if t._row_offset else idx, o)
+    elif isinstance(t, NCCLTensor):
+        if t.comm.size == 1:
+            _run(t, t._table, "gather", idx.to(torch.int64) + t._row_offset, o)
+            return o
+        order, ridx, sc, rc = _gpu_route(t, idx)
+        rows = torch.empty((ridx.numel(), *_row_shape(t)), dtype=t.dtype, device=t.device)
+        _run(t, t._table, "gather", ridx, rows)
+        back = t.comm.all_to_all(_as_bytes(rows), rc, sc)
+        if o.numel():
+            o.index_copy_(0, order, _from_bytes(back, t, n))
+    return o
+
+
+def _gpu_scatter(t: _WmTensor, indices: Any, values: Any) -> None:
+    idx = _gpu_indices(t, indices)
+    vals = _gpu_rows_arg(t, values, idx.numel(), "values").contiguous()
+    assert t._table is not None
+    if isinstance(t, ChunkedTensor):
+        _run(t, t._table, "scatter", idx + t._row_offset if t._row_offset else idx, vals)
+    elif isinstance(t, NCCLTensor):
+        if t.comm.size == 1:
+            _run(t, t._table, "scatter", idx.to(torch.int64) + t._row_offset, vals)
+            return
+        order, ridx, sc, rc = _gpu_route(t, idx)
+        sent = _as_bytes(vals)[order] if vals.numel() else _as_bytes(vals)
+        recv = t.comm.all_to_all(sent, sc, rc)
+        _run(t, t._table, "scatter", ridx, _from_bytes(recv, t, ridx.numel()))
 
 
 # -- local parts, views, plan -----------------------------------------------------------
@@ -414,32 +526,90 @@ def get_sub_tensor(t: WmAny, starts: Any, ends: Any) -> WmAny:
 
 
 def get_tensor_view(t: WmAny, device: Any) -> WmAny:
-    """The tensor as seen from ``device``.
+    """The tensor as seen from ``device`` (WholeGraph's ``get_tensor_view``).
 
-    For CPU devices the tensor itself (HOST tensors are normal CPU tensors; CHUNKED and
-    NCCL objects are device independent); a GPU view needs a visible GPU.
+    - ``'cpu'``: host-memory tensors themselves (HOST tensors are normal CPU tensors;
+      host CHUNKED / NCCL objects); GPU-resident tensors have no CPU view.
+    - ``'cuda'`` / ``'cuda:N'``: a HOST tensor (or any view of one) becomes a CUDA tensor
+      over the same shared pages: the segment is page-locked and mapped for the GPUs
+      with ``cudaHostRegister`` (once per process, undone when the last such view dies);
+      kernels read and write host memory over PCIe/NVLink, and writes are shared with
+      every rank exactly like the CPU tensor's. A host CHUNKED tensor becomes a
+      :class:`ChunkedTensor` whose ops run the CUDA kernels over its mapped chunks.
+      GPU-resident tensors are returned as they are on their own device.
 
     Raises
     ------
     RuntimeError
-        A CUDA device was asked for and none is visible, or the library is finalized.
+        A CUDA device without a usable GPU (CPU-only machine, torch without CUDA or a
+        build without nvcc), or the library is finalized.
     ValueError
-        An unknown device type.
+        An unknown device type, a CPU view of GPU memory, a GPU view of another GPU's
+        tensor, or a GPU view of a host NCCL tensor or of a plain tensor.
+    TypeError
+        ``t`` is not a tensor or ``device`` not a device.
     """
     _check_target(t, "get_tensor_view")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (TypeError, RuntimeError) as e:
+        raise TypeError(f"get_tensor_view: device must be 'cpu', 'cuda[:N]' or a torch.device, got {device!r}") from e
     if dev.type == "cpu":
-        if isinstance(t, torch.Tensor) and t.device.type != "cpu":
-            raise ValueError("get_tensor_view: a DEVICE tensor has no CPU view (copy it with .cpu())")
+        if (isinstance(t, torch.Tensor) and t.device.type != "cpu") or (isinstance(t, _WmTensor) and t.is_gpu):
+            raise ValueError(f"get_tensor_view: this tensor lives on {t.device} and has no CPU view (copy rows with .cpu())")
         return t
-    if dev.type == "cuda":
-        from ._tensor import _require_gpu
-
-        _require_gpu("get_tensor_view(t, 'cuda')")
-        if isinstance(t, torch.Tensor) and t.device.type == "cuda":  # pragma: no cover - needs a GPU
-            return t
-        raise RuntimeError(  # pragma: no cover - needs a GPU
-            "get_tensor_view: GPU views of host-resident wholemem tensors are not implemented; "
-            "gather rows and move them with .to(device)"
+    if dev.type != "cuda":
+        raise ValueError(f"get_tensor_view: unsupported device {dev}")
+    _require_gpu(f"get_tensor_view(t, {str(device)!r})")
+    be = _gpu.backend()
+    dev = be.resolve(dev)
+    if isinstance(t, _WmTensor) and t.is_gpu:
+        if t.device != dev:
+            raise ValueError(f"get_tensor_view: the tensor lives on {t.device}, not {dev}")
+        return t
+    if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+        if t.device != dev:
+            raise ValueError(f"get_tensor_view: the tensor lives on {t.device}, not {dev}")
+        return t
+    if isinstance(t, ChunkedTensor):
+        return _chunked_cuda_view(t, dev)
+    if isinstance(t, NCCLTensor):
+        raise ValueError(
+            "get_tensor_view: a host NCCL tensor's rows are private to each rank; create it with "
+            "device='cuda' for GPU-resident rows"
         )
-    raise ValueError(f"get_tensor_view: unsupported device {dev}")
+    info = _info(t)
+    if info is None or not isinstance(info.segment, Segment):
+        raise ValueError("get_tensor_view: a GPU view needs a HOST tensor made by create_wm_tensor (use .to(device))")
+    return _host_cuda_view(t, info, dev)
+
+
+def _host_cuda_view(t: torch.Tensor, info: HostInfo, dev: torch.device) -> torch.Tensor:
+    """A CUDA tensor over the pages of ``t``'s shared segment (same offset and strides)."""
+    seg = info.segment
+    be = _gpu.backend()
+    m = _gpu.host_mapping(int(seg.address), int(seg.size), dev, seg)
+    raw = be.as_tensor(m.device_ptr, int(seg.size), dev, m)
+    item = t.element_size()
+    offset = int(t.data_ptr()) - int(seg.address)
+    assert 0 <= offset <= int(seg.size) and offset % item == 0
+    flat = raw[: int(seg.size) // item * item].view(t.dtype)
+    view = flat.as_strided(tuple(t.shape), tuple(t.stride()), offset // item)
+    register_host(view, dataclasses.replace(info))
+    return view
+
+
+def _chunked_cuda_view(t: ChunkedTensor, dev: torch.device) -> ChunkedTensor:
+    """The host chunks mapped for ``dev``: same rows, ops on CUDA kernels."""
+    be = _gpu.backend()
+    gpu = _gpu.GpuChunks(be, dev, None)
+    gpu.closed = True  # nothing imported over IPC
+    for seg in t._segments:
+        m = _gpu.host_mapping(int(seg.address), int(seg.size), dev, seg)
+        gpu.mappings.append(m)
+        gpu.addresses.append(m.device_ptr)
+    view = object.__new__(ChunkedTensor)
+    view.__dict__.update(t.__dict__)
+    view._gpu, view._dev, view._be = gpu, dev, be
+    view._table = view._make_table()
+    return view

@@ -9,10 +9,10 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import _lib
+from . import _gpu, _lib
 from ._comm import Communicator
 from ._layout import Layout, Stride, local_range, rows_per_rank
-from ._wholemem import Segment, Table, cuda_compiled, cuda_device_count
+from ._wholemem import Segment, Table
 
 
 class WmTensorType(enum.Enum):
@@ -59,7 +59,11 @@ def host_info(t: torch.Tensor) -> HostInfo | None:
 
 def _frombuffer(seg: Any, layout: Layout, rows: int) -> torch.Tensor:
     """A strided tensor of ``rows`` rows over a mapped segment (keeps the mapping alive)."""
-    raw = torch.frombuffer(seg, dtype=torch.uint8)
+    return _rows_view(torch.frombuffer(seg, dtype=torch.uint8), layout, rows)
+
+
+def _rows_view(raw: torch.Tensor, layout: Layout, rows: int) -> torch.Tensor:
+    """A strided tensor of ``rows`` rows over the uint8 tensor ``raw`` (same device)."""
     flat = raw[: layout.elems(rows) * layout.itemsize].view(layout.dtype)
     return flat.as_strided((rows, *layout.row_shape), layout.stride)
 
@@ -79,6 +83,9 @@ class _WmTensor:
         self._shape = layout.shape
         self._rpr = rows_per_rank(layout.nrows, comm.size)
         self._table: Table | None = None
+        #: GPU-resident tensors: their device and backend (None: host memory, CPU ops)
+        self._dev: torch.device | None = None
+        self._be: _gpu.Backend | None = None
 
     # -- tensor-like metadata --------------------------------------------------------
     @property
@@ -98,8 +105,14 @@ class _WmTensor:
 
     @property
     def device(self) -> torch.device:
-        """Where the elements live (always the CPU here)."""
-        return torch.device("cpu")
+        """Where the elements live: the CPU, or the GPU of a GPU-resident tensor."""
+        return torch.device("cpu") if self._dev is None else self._dev
+
+    @property
+    def is_gpu(self) -> bool:
+        """Whether ops on this tensor run on a GPU (``device='cuda'`` at creation, or a
+        ``get_tensor_view(t, 'cuda')`` of a CHUNKED tensor)."""
+        return self._dev is not None
 
     @property
     def tensor_type(self) -> WmTensorType:
@@ -163,41 +176,64 @@ class _WmTensor:
     def _make_table(self) -> Table:  # pragma: no cover - overridden
         raise NotImplementedError
 
+    def _table_of(self, addresses: list[int], rows_per_chunk: int, nrows: int) -> Table:
+        b = self._base
+        on_device = self._be is not None and self._be.on_device
+        index = -1 if self._dev is None or self._dev.index is None else int(self._dev.index)
+        off = self._col_byte_offset()
+        return Table(
+            [a + off for a in addresses],
+            rows_per_chunk,
+            nrows,
+            self._view_cols,
+            b.row_stride,
+            b.col_stride,
+            b.code,
+            on_device,
+            index if on_device else -1,
+        )
+
     def _local_part(self) -> tuple[torch.Tensor, int]:
         """This rank's rows of the base tensor as a tensor, and the first base row."""
         raise NotImplementedError  # pragma: no cover - overridden
 
 
 class ChunkedTensor(_WmTensor):
-    """A tensor stored as one shared-memory chunk per rank, every chunk mapped by every rank.
+    """A tensor stored as one chunk per rank, every chunk mapped by every rank.
 
     Rows ``[r*k, (r+1)*k)`` (``k = ceil(N/size)``) live in rank r's chunk; any rank reads
-    and writes any row directly through the chunk table.
+    and writes any row directly through the chunk table. Host chunks are shared-memory
+    segments; GPU chunks (``device='cuda'``) are ``cudaMalloc`` allocations mapped by
+    the peers over CUDA IPC, and the ops run CUDA kernels.
     """
 
     _type = WmTensorType.CHUNKED
 
-    def __init__(self, comm: Communicator, layout: Layout, segments: list[Any]) -> None:
+    def __init__(
+        self, comm: Communicator, layout: Layout, segments: list[Any], gpu: _gpu.GpuChunks | None = None
+    ) -> None:
         super().__init__(comm, layout)
         self._segments = segments
+        self._gpu = gpu
+        if gpu is not None:
+            self._dev, self._be = gpu.device, gpu.backend
         self._table = self._make_table()
 
     def _make_table(self) -> Table:
-        off = self._col_byte_offset()
-        b = self._base
-        return Table(
-            [int(s.address) + off for s in self._segments],
-            self._rpr,
-            b.nrows,
-            self._view_cols,
-            b.row_stride,
-            b.col_stride,
-            b.code,
-            False,
-        )
+        if self._gpu is not None:
+            addresses = list(self._gpu.addresses)
+        else:
+            addresses = [int(s.address) for s in self._segments]
+        return self._table_of(addresses, self._rpr, self._base.nrows)
 
     def _local_part(self) -> tuple[torch.Tensor, int]:
         lo, hi = local_range(self._base.nrows, self.comm.size, self.comm.rank)
+        if self._gpu is not None and self._gpu.own is not None:
+            return _rows_view(self._gpu.own_bytes(), self._base, hi - lo), lo
+        if self._gpu is not None:  # a GPU view of host chunks
+            m = self._gpu.mappings[self.comm.rank]
+            raw = self._gpu.backend.as_tensor(m.device_ptr, m.nbytes, self._gpu.device, m)
+            return _rows_view(raw, self._base, hi - lo), lo
         return _frombuffer(self._segments[self.comm.rank], self._base, hi - lo), lo
 
 
@@ -205,31 +241,25 @@ class NCCLTensor(_WmTensor):
     """A tensor whose rows are partitioned over the ranks in private memory.
 
     Gather and scatter are collective: indices are bucketed by owner and exchanged with
-    all-to-all over the communicator's process group (works across nodes).
+    all-to-all over the communicator's process group (gloo for host memory, NCCL for
+    GPU-resident tensors; works across nodes).
     """
 
     _type = WmTensorType.NCCL
 
-    def __init__(self, comm: Communicator, layout: Layout) -> None:
+    def __init__(self, comm: Communicator, layout: Layout, device: torch.device | None = None) -> None:
         super().__init__(comm, layout)
         lo, hi = local_range(layout.nrows, comm.size, comm.rank)
-        storage = torch.zeros(max(layout.elems(self._rpr), 1), dtype=layout.dtype)
+        if device is not None:
+            self._dev, self._be = device, _gpu.backend()
+        storage = torch.zeros(max(layout.elems(self._rpr), 1), dtype=layout.dtype, device=device)
         self._local = storage.as_strided((hi - lo, *layout.row_shape), layout.stride)
         self._first = lo
         self._table = self._make_table()
 
     def _make_table(self) -> Table:
-        b = self._base
-        return Table(
-            [int(self._local.data_ptr()) + self._col_byte_offset()],
-            max(1, self._local.shape[0]),
-            self._local.shape[0],
-            self._view_cols,
-            b.row_stride,
-            b.col_stride,
-            b.code,
-            False,
-        )
+        n = self._local.shape[0]
+        return self._table_of([int(self._local.data_ptr())], max(1, n), n)
 
     def _local_part(self) -> tuple[torch.Tensor, int]:
         return self._local, self._first
@@ -239,27 +269,48 @@ class NCCLTensor(_WmTensor):
 
 
 def _require_gpu(what: str) -> None:
-    if not cuda_compiled():
-        raise RuntimeError(f"{what} needs CUDA, and this build of wholemem was compiled without nvcc")
-    if not torch.cuda.is_available() or cuda_device_count() == 0:
-        raise RuntimeError(
-            f"{what} needs a CUDA GPU, and none is visible (torch.cuda.is_available() is False); "
-            "use WmTensorType.HOST, CHUNKED or NCCL on CPU-only machines"
-        )
+    """Raise ``RuntimeError`` unless GPU paths can run here (CUDA build and a visible GPU)."""
+    _gpu.backend().require(what)
 
 
-def _check_local(comm: Any, shape: Any, stride: Any, dtype: Any, tensor_type: Any) -> Layout:
+def _device_of(tensor_type: WmTensorType, device: Any) -> torch.device | None:
+    """Where a new tensor lives: None = host memory (CPU ops), else the resolved GPU."""
+    if device is None:
+        if tensor_type is not WmTensorType.DEVICE:
+            return None
+        device = "cuda"
+    try:
+        dev = torch.device(device)
+    except (TypeError, RuntimeError) as e:
+        raise TypeError(f"device must be 'cpu', 'cuda', 'cuda:N' or a torch.device, got {device!r}") from e
+    if dev.type == "cpu":
+        if tensor_type is WmTensorType.DEVICE:
+            raise ValueError("WmTensorType.DEVICE tensors live on a GPU; use HOST for a host-memory tensor")
+        return None
+    if dev.type != "cuda":
+        raise ValueError(f"device must be a CPU or CUDA device, got {dev}")
+    _require_gpu(f"WmTensorType.{tensor_type.name} on {dev}")
+    return _gpu.backend().resolve(dev)
+
+
+def _check_local(
+    comm: Any, shape: Any, stride: Any, dtype: Any, tensor_type: Any, device: Any
+) -> tuple[Layout, torch.device | None]:
     if not isinstance(tensor_type, WmTensorType):
         raise TypeError(f"tensor_type must be a wholemem.WmTensorType, got {tensor_type!r}")
     layout = Layout.make(shape, stride, dtype)
-    if tensor_type in (WmTensorType.HOST, WmTensorType.CHUNKED) and comm.num_nodes > 1:
+    if tensor_type in (WmTensorType.HOST, WmTensorType.CHUNKED, WmTensorType.DEVICE) and comm.num_nodes > 1:
         raise ValueError(
             f"WmTensorType.{tensor_type.name} shares memory within one node, but the communicator spans "
-            f"{comm.num_nodes} nodes; use WmTensorType.NCCL (DISTRIBUTED)"
+            f"{comm.num_nodes} nodes; use WmTensorType.NCCL (= DISTRIBUTED), which partitions the rows over "
+            "the ranks of every node"
         )
-    if tensor_type is WmTensorType.DEVICE:
-        _require_gpu("WmTensorType.DEVICE")
-    return layout
+    dev = _device_of(tensor_type, device)
+    if dev is not None and tensor_type is WmTensorType.NCCL:
+        problem = comm.device_group_problem(dev)
+        if problem:
+            raise ValueError(f"a GPU-resident WmTensorType.NCCL tensor needs NCCL collectives: {problem}")
+    return layout, dev
 
 
 def _raise_remote(errors: list[Any], rank: int) -> None:
@@ -284,6 +335,8 @@ def create_wm_tensor(
     stride: Any = (),
     dtype: Any = torch.float32,
     tensor_type: WmTensorType = WmTensorType.CHUNKED,
+    *,
+    device: Any = None,
 ) -> Any:
     """Collective: create a tensor shared by (or partitioned over) the ranks of ``comm``.
 
@@ -304,6 +357,13 @@ def create_wm_tensor(
     tensor_type : WmTensorType, default WmTensorType.CHUNKED
         HOST / DEVICE return a ``torch.Tensor``; CHUNKED a :class:`ChunkedTensor`;
         NCCL (= DISTRIBUTED) an :class:`NCCLTensor`. Zero-initialised.
+    device : str or torch.device, optional (keyword)
+        Where the elements live. Default: host memory for HOST / CHUNKED / NCCL, the
+        current GPU for DEVICE. ``'cuda'`` / ``'cuda:N'`` (the original's placement):
+        CHUNKED = one ``cudaMalloc`` chunk per rank mapped by every rank over CUDA IPC,
+        ops on CUDA kernels; NCCL = rank-private GPU rows, all-to-all over NCCL; HOST =
+        the shared segment mapped for the GPU (as :func:`get_tensor_view`), returned as a
+        CUDA tensor. Needs a GPU; checked on every rank before any memory is allocated.
 
     Returns
     -------
@@ -314,11 +374,12 @@ def create_wm_tensor(
     TypeError
         ``comm`` is not a communicator, bad shape/stride entries or dtype.
     ValueError
-        Invalid shape/stride, HOST/CHUNKED over several nodes, or the arguments differ
-        between ranks (raised on every rank).
+        Invalid shape/stride, HOST/CHUNKED/DEVICE over several nodes, a DEVICE tensor on
+        the CPU, or the arguments differ between ranks (raised on every rank).
     RuntimeError
-        Library finalized, communicator destroyed, DEVICE without a GPU, or a failure on
-        another rank.
+        Library finalized, communicator destroyed, a GPU placement without a usable GPU
+        (CPU-only machine or a build without nvcc: raised on every rank, before any
+        allocation), or a failure on another rank.
     OSError
         Shared memory could not be created or mapped.
     """
@@ -328,12 +389,15 @@ def create_wm_tensor(
     comm.check_alive("create_wm_tensor")
     layout: Layout | None = None
     err: tuple[str, str] | None = None
+    dev: torch.device | None = None
     try:
-        layout = _check_local(comm, shape, stride, dtype, tensor_type)
+        layout, dev = _check_local(comm, shape, stride, dtype, tensor_type, device)
     except (TypeError, ValueError, RuntimeError) as e:
         err = _err(e)
-    # every rank learns every rank's arguments (or error): a mismatch raises everywhere, nobody hangs
-    mine = (layout.describe(), tensor_type.name) if layout is not None else None
+    # every rank learns every rank's arguments (or error): a mismatch raises everywhere, nobody hangs;
+    # the device type is compared, not its index (each rank uses its own GPU)
+    placement = "host" if dev is None else "gpu"
+    mine = (layout.describe(), tensor_type.name, placement) if layout is not None else None
     allargs = comm.allgather_object((mine, err))
     _raise_remote([e for _, e in allargs], comm.rank)
     first = allargs[0][0]
@@ -345,12 +409,22 @@ def create_wm_tensor(
         )
     assert layout is not None
     if tensor_type is WmTensorType.HOST:
-        return _create_host(comm, layout)
+        host = _create_host(comm, layout)
+        if dev is None:
+            return host
+        from ._ops import get_tensor_view
+
+        return get_tensor_view(host, dev)
     if tensor_type is WmTensorType.CHUNKED:
+        if dev is not None:
+            return ChunkedTensor(comm, layout, [], _create_gpu_chunks(comm, layout, dev))
         return ChunkedTensor(comm, layout, _create_chunks(comm, layout))
     if tensor_type is WmTensorType.NCCL:
-        return NCCLTensor(comm, layout)
-    return _create_device(comm, layout)
+        if dev is not None:
+            comm.ensure_device_group(dev)  # collective, every rank gets here
+        return NCCLTensor(comm, layout, dev)
+    assert dev is not None
+    return _create_device(comm, layout, dev)
 
 
 def _create_host(comm: Communicator, layout: Layout) -> torch.Tensor:
@@ -409,9 +483,53 @@ def _create_chunks(comm: Communicator, layout: Layout) -> list[Any]:
     return segs
 
 
-def _create_device(comm: Communicator, layout: Layout) -> torch.Tensor:  # pragma: no cover - needs a GPU
+def _create_gpu_chunks(comm: Communicator, layout: Layout, dev: torch.device) -> _gpu.GpuChunks:
+    """Collective: every rank allocates its chunk on its GPU and exports a CUDA IPC handle;
+    every rank maps every peer's chunk; the device chunk table is built from the mappings."""
+    be = _gpu.backend()
+    nbytes = max(layout.elems(rows_per_rank(layout.nrows, comm.size)) * layout.itemsize, 1)
+    own: _gpu.DeviceAlloc | None = None
+    mine: Any
+    try:
+        own = _gpu.DeviceAlloc(be, nbytes, dev)
+        mine = (be.ipc_export(own.ptr), None)
+    except (OSError, RuntimeError, ValueError) as e:
+        mine = (None, _err(e))
+    gpu = _gpu.GpuChunks(be, dev, own)
+    try:
+        handles = comm.allgather_object(mine)
+        _raise_remote([e for _, e in handles], comm.rank)
+    except BaseException:
+        if own is not None:
+            own.released = True  # nobody mapped it: free it with this object
+        raise
+    err = None
+    try:
+        for r, (h, _) in enumerate(handles):
+            if r == comm.rank:
+                assert own is not None
+                gpu.addresses.append(own.ptr)
+            else:
+                p = be.ipc_open(h, dev)
+                gpu.imported.append(p)
+                gpu.addresses.append(p)
+    except (OSError, RuntimeError, ValueError) as e:
+        err = _err(e)
+    errors = comm.allgather_object(err)
+    if any(e is not None for e in errors):
+        gpu.close_imports()
+        comm.barrier()  # every rank closed its mappings: the chunks can go
+        if own is not None:
+            own.released = True
+        _raise_remote(errors, comm.rank)
+    comm.register_gpu_chunks(gpu)  # freed by the collective comm.destroy()
+    return gpu
+
+
+def _create_device(comm: Communicator, layout: Layout, dev: torch.device) -> torch.Tensor:  # pragma: no cover
     # One allocation on the node leader's GPU, opened by the peers through CUDA IPC;
-    # every rank sees a normal CUDA tensor (peer access over NVLink / PCIe).
+    # every rank sees a normal CUDA tensor (peer access over NVLink / PCIe). Needs a GPU.
     from ._cuda import create_device_tensor
 
-    return create_device_tensor(comm, layout)
+    with torch.cuda.device(dev):
+        return create_device_tensor(comm, layout)
