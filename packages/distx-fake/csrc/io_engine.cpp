@@ -64,21 +64,71 @@ uint32_t sw_update(uint32_t c, const uint8_t* p, size_t n) {
 }
 
 #ifdef DISTX_X86
-// Three interleaved streams hide the 3-cycle latency of the crc32 instruction.
+// GF(2) arithmetic modulo the reflected polynomial (as in zlib's crc32_combine): a * b mod P,
+// with bit 31 = x^0.
+uint32_t multmodp(uint32_t a, uint32_t b) {
+  uint32_t m = 1u << 31, p = 0;
+  for (;;) {
+    if (a & m) {
+      p ^= b;
+      if ((a & (m - 1)) == 0) break;
+    }
+    m >>= 1;
+    b = (b & 1) ? (b >> 1) ^ kPoly : b >> 1;
+  }
+  return p;
+}
+
+// x^(8 * nbytes) mod P: multiplying a raw crc state by it appends nbytes zero bytes.
+uint32_t x8nmodp(uint64_t nbytes) {
+  uint32_t sq = 1u << 30;  // x^1
+  for (int i = 0; i < 3; ++i) sq = multmodp(sq, sq);  // x^8
+  uint32_t p = 1u << 31;  // x^0
+  for (; nbytes; nbytes >>= 1, sq = multmodp(sq, sq))
+    if (nbytes & 1) p = multmodp(sq, p);
+  return p;
+}
+
+__attribute__((target("sse4.2"))) uint64_t hw_u64(uint64_t c, const uint8_t* p, size_t n) {
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    c = _mm_crc32_u64(c, w);
+  }
+  return c;
+}
+
+// The crc32 instruction has a 3-cycle latency and a 1-cycle throughput: three independent
+// streams over consecutive 8 KiB stripes run ~3x faster than one; their states are merged
+// with a multiplication by x^(8 * stripe) mod P.
+constexpr size_t kStripe = 8192;
+
 __attribute__((target("sse4.2"))) uint32_t hw_update(uint32_t c, const uint8_t* p, size_t n) {
   while (n && (reinterpret_cast<uintptr_t>(p) & 7)) {
     c = _mm_crc32_u8(c, *p++);
     --n;
   }
-  uint64_t c0 = c;
-  while (n >= 8) {
-    uint64_t w;
-    std::memcpy(&w, p, 8);
-    c0 = _mm_crc32_u64(c0, w);
-    p += 8;
-    n -= 8;
+  static const uint32_t kShift = x8nmodp(kStripe);
+  while (n >= 3 * kStripe) {
+    uint64_t c0 = c, c1 = 0, c2 = 0;
+    const uint8_t* a = p;
+    for (size_t i = 0; i < kStripe; i += 8) {
+      uint64_t w0, w1, w2;
+      std::memcpy(&w0, a + i, 8);
+      std::memcpy(&w1, a + kStripe + i, 8);
+      std::memcpy(&w2, a + 2 * kStripe + i, 8);
+      c0 = _mm_crc32_u64(c0, w0);
+      c1 = _mm_crc32_u64(c1, w1);
+      c2 = _mm_crc32_u64(c2, w2);
+    }
+    c = multmodp(kShift, multmodp(kShift, static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c1)) ^
+        static_cast<uint32_t>(c2);
+    p += 3 * kStripe;
+    n -= 3 * kStripe;
   }
-  c = static_cast<uint32_t>(c0);
+  c = static_cast<uint32_t>(hw_u64(c, p, n));
+  p += n & ~size_t(7);
+  n &= 7;
   while (n--) c = _mm_crc32_u8(c, *p++);
   return c;
 }
@@ -98,7 +148,16 @@ bool use_hw() {
 #endif
 }
 
-constexpr int64_t kIoBlock = int64_t(8) << 20;  // one pwrite/pread call at most 8 MiB
+// One pwrite/pread call moves at most this much (default 8 MiB, env DISTX_IO_BLOCK_MIB).
+int64_t io_block() {
+  static const int64_t b = [] {
+    const char* v = std::getenv("DISTX_IO_BLOCK_MIB");
+    const int64_t mib = v ? std::atoll(v) : 0;
+    return (mib > 0 && mib <= 256 ? mib : 8) << 20;
+  }();
+  return b;
+}
+const int64_t kIoBlock = io_block();
 
 void full_pwrite(int fd, const uint8_t* p, int64_t n, int64_t off) {
   while (n > 0) {
@@ -170,10 +229,6 @@ void io_for(int64_t n, Body&& body) {  // body(piece index)
 
 int64_t round_up(int64_t n) { return (n + kDirectAlign - 1) / kDirectAlign * kDirectAlign; }
 
-void check_aligned(const Piece& pc) {
-  distkit::check(pc.offset % kDirectAlign == 0, "direct I/O needs file offsets that are multiples of ", kDirectAlign,
-                 ", got ", pc.offset);
-}
 
 void full_pread(int fd, uint8_t* p, int64_t n, int64_t off) {
   while (n > 0) {
@@ -205,74 +260,130 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
 
 bool crc32c_hw_available() { return use_hw(); }
 
+namespace {
+
+constexpr int64_t kA = kDirectAlign;
+constexpr int64_t kFuse = int64_t(256) << 10;  // copy + crc in L2-sized steps (one pass over DRAM)
+
+int64_t floor_a(int64_t v) { return v / kA * kA; }
+
+// memcpy(dst, src, n) and crc32c of the bytes, each sub-block checksummed while still in cache.
+uint32_t copy_crc(uint8_t* dst, const uint8_t* src, int64_t n, uint32_t crc, bool crc_of_dst) {
+  for (int64_t at = 0; at < n; at += kFuse) {
+    const int64_t m = std::min(kFuse, n - at);
+    std::memcpy(dst + at, src + at, static_cast<size_t>(m));
+    crc = crc32c(crc_of_dst ? dst + at : src + at, static_cast<size_t>(m), crc);
+  }
+  return crc;
+}
+
+// Direct-I/O pieces are written as whole 4 KiB blocks: the bytes of a piece's first and last
+// block that lie outside the piece are zeroed, so two pieces must never share a block.
+void check_disjoint_blocks(const std::vector<Piece>& pieces) {
+  std::vector<std::pair<int64_t, int64_t>> blocks;
+  for (const auto& pc : pieces)
+    if (pc.nbytes > 0) blocks.emplace_back(floor_a(pc.offset), round_up(pc.offset + pc.nbytes));
+  std::sort(blocks.begin(), blocks.end());
+  for (size_t i = 1; i < blocks.size(); ++i)
+    distkit::check(blocks[i].first >= blocks[i - 1].second, "direct I/O pieces must not share ", kA,
+                   "-byte file blocks: [", blocks[i - 1].first, ", ", blocks[i - 1].second, ") and [",
+                   blocks[i].first, ", ", blocks[i].second, ")");
+}
+
+// One piece with O_DIRECT. Whole 4 KiB blocks stream straight from `src` when the memory
+// address and the file offset have the same remainder modulo 4096 (the checkpoint layout makes
+// them match); the partial first/last blocks, and everything when the remainders differ, go
+// through the bounce buffer. The crc32c is computed on the way, in order.
+uint32_t write_direct(int fd, const uint8_t* src, int64_t n, int64_t off, uint8_t* bounce) {
+  uint32_t crc = 0;
+  int64_t pos = off;
+  const int64_t end = off + n;
+  auto partial = [&](int64_t block, int64_t from, int64_t to) {  // file bytes [from, to) of block
+    std::memset(bounce, 0, static_cast<size_t>(kA));
+    crc = copy_crc(bounce + (from - block), src + (from - off), to - from, crc, false);
+    full_pwrite(fd, bounce, kA, block);
+  };
+  if (pos % kA) {
+    const int64_t block = floor_a(pos), to = std::min(end, block + kA);
+    partial(block, pos, to);
+    pos = to;
+  }
+  while (end - pos >= kA) {
+    const int64_t len = std::min(kIoBlock, floor_a(end - pos));
+    const uint8_t* p = src + (pos - off);
+    if (reinterpret_cast<uintptr_t>(p) % kA == 0) {
+      crc = crc32c(p, static_cast<size_t>(len), crc);
+      full_pwrite(fd, p, len, pos);
+    } else {
+      crc = copy_crc(bounce, p, len, crc, false);
+      full_pwrite(fd, bounce, len, pos);
+    }
+    pos += len;
+  }
+  if (pos < end) partial(pos, pos, end);
+  return crc;
+}
+
+uint32_t read_direct(int fd, uint8_t* dst, int64_t n, int64_t off, uint8_t* bounce) {
+  uint32_t crc = 0;
+  int64_t pos = off;
+  const int64_t end = off + n;
+  auto partial = [&](int64_t block, int64_t from, int64_t to) {
+    pread_at_least(fd, bounce, kA, to - block, block);
+    crc = copy_crc(dst + (from - off), bounce + (from - block), to - from, crc, true);
+  };
+  if (pos % kA) {
+    const int64_t block = floor_a(pos), to = std::min(end, block + kA);
+    partial(block, pos, to);
+    pos = to;
+  }
+  while (end - pos >= kA) {
+    const int64_t len = std::min(kIoBlock, floor_a(end - pos));
+    uint8_t* p = dst + (pos - off);
+    if (reinterpret_cast<uintptr_t>(p) % kA == 0) {
+      pread_at_least(fd, p, len, len, pos);
+      crc = crc32c(p, static_cast<size_t>(len), crc);
+    } else {
+      pread_at_least(fd, bounce, len, len, pos);
+      crc = copy_crc(p, bounce, len, crc, true);
+    }
+    pos += len;
+  }
+  if (pos < end) partial(pos, pos, end);
+  return crc;
+}
+
+}  // namespace
+
 std::vector<uint32_t> write_pieces(int fd, const std::vector<Piece>& pieces, bool direct) {
   std::vector<uint32_t> crcs(pieces.size());
-  if (direct) for (const auto& pc : pieces) check_aligned(pc);
+  if (direct) check_disjoint_blocks(pieces);
   io_for(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
+    const Piece& pc = pieces[i];
+    const auto* p = reinterpret_cast<const uint8_t*>(pc.ptr);
     if (direct) {
       thread_local Bounce b;
-      {
-        const Piece& pc = pieces[i];
-        const auto* src = reinterpret_cast<const uint8_t*>(pc.ptr);
-        uint32_t crc = 0;
-        for (int64_t at = 0; at < pc.nbytes; at += kIoBlock) {
-          int64_t n = std::min(kIoBlock, pc.nbytes - at);
-          if (reinterpret_cast<uintptr_t>(src + at) % kDirectAlign == 0 && n % kDirectAlign == 0) {
-            crc = crc32c(src + at, static_cast<size_t>(n), crc);  // aligned: no bounce copy
-            full_pwrite(fd, src + at, n, pc.offset + at);
-            continue;
-          }
-          std::memcpy(b.p, src + at, static_cast<size_t>(n));
-          int64_t padded = round_up(n);
-          if (padded > n) std::memset(b.p + n, 0, static_cast<size_t>(padded - n));
-          crc = crc32c(b.p, static_cast<size_t>(n), crc);
-          full_pwrite(fd, b.p, padded, pc.offset + at);
-        }
-        crcs[i] = crc;
-      }
+      crcs[i] = write_direct(fd, p, pc.nbytes, pc.offset, b.p);
       return;
     }
-    {
-      const Piece& pc = pieces[i];
-      const auto* p = reinterpret_cast<const uint8_t*>(pc.ptr);
-      crcs[i] = crc32c(p, static_cast<size_t>(pc.nbytes));
-      full_pwrite(fd, p, pc.nbytes, pc.offset);
-    }
+    crcs[i] = crc32c(p, static_cast<size_t>(pc.nbytes));
+    full_pwrite(fd, p, pc.nbytes, pc.offset);
   });
   return crcs;
 }
 
 std::vector<uint32_t> read_pieces(int fd, const std::vector<Piece>& pieces, bool direct) {
   std::vector<uint32_t> crcs(pieces.size());
-  if (direct) for (const auto& pc : pieces) check_aligned(pc);
   io_for(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
+    const Piece& pc = pieces[i];
+    auto* p = reinterpret_cast<uint8_t*>(pc.ptr);
     if (direct) {
       thread_local Bounce b;
-      {
-        const Piece& pc = pieces[i];
-        auto* dst = reinterpret_cast<uint8_t*>(pc.ptr);
-        uint32_t crc = 0;
-        for (int64_t at = 0; at < pc.nbytes; at += kIoBlock) {
-          int64_t n = std::min(kIoBlock, pc.nbytes - at);
-          if (reinterpret_cast<uintptr_t>(dst + at) % kDirectAlign == 0 && n % kDirectAlign == 0) {
-            pread_at_least(fd, dst + at, n, n, pc.offset + at);  // aligned: no bounce copy
-            crc = crc32c(dst + at, static_cast<size_t>(n), crc);
-            continue;
-          }
-          pread_at_least(fd, b.p, round_up(n), n, pc.offset + at);
-          crc = crc32c(b.p, static_cast<size_t>(n), crc);
-          std::memcpy(dst + at, b.p, static_cast<size_t>(n));
-        }
-        crcs[i] = crc;
-      }
+      crcs[i] = read_direct(fd, p, pc.nbytes, pc.offset, b.p);
       return;
     }
-    {
-      const Piece& pc = pieces[i];
-      auto* p = reinterpret_cast<uint8_t*>(pc.ptr);
-      full_pread(fd, p, pc.nbytes, pc.offset);
-      crcs[i] = crc32c(p, static_cast<size_t>(pc.nbytes));
-    }
+    full_pread(fd, p, pc.nbytes, pc.offset);
+    crcs[i] = crc32c(p, static_cast<size_t>(pc.nbytes));
   });
   return crcs;
 }

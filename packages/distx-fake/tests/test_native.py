@@ -33,7 +33,7 @@ def test_crc32c_known_vectors() -> None:
 
 def test_crc32c_hw_equals_sw_and_chains() -> None:
     rng = np.random.default_rng(0)
-    for n in (1, 7, 8, 9, 63, 4096, 100_003):
+    for n in (1, 7, 8, 9, 63, 4096, 24_575, 24_576, 100_003, (1 << 20) + 5):
         data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
         for off in (0, 1, 3):  # unaligned starts
             d = data[off:]
@@ -109,9 +109,52 @@ def test_direct_io_roundtrip_aligned_and_bounced(tmp_path: Path) -> None:
         )
         a2, o2 = torch.zeros_like(aligned), torch.zeros(12345, dtype=torch.uint8)
         back = nat.read_pieces(fd, [(a2.data_ptr(), a2.numel(), 0), (o2.data_ptr(), 12345, 2 << 20)], True)
-        with pytest.raises(ValueError, match="multiples of 4096"):
-            nat.read_pieces(fd, [(o2.data_ptr(), 10, 100)], True)
+        with pytest.raises(ValueError, match="must not share 4096-byte file blocks"):
+            nat.write_pieces(fd, [(o2.data_ptr(), 10, 100), (o2.data_ptr(), 10, 200)], True)
     finally:
         os.close(fd)
     assert crcs == back == [nat.crc32c(aligned.numpy().tobytes()), nat.crc32c(odd.numpy().tobytes())]
     assert torch.equal(a2, aligned) and torch.equal(o2, odd)
+
+
+def test_direct_io_unaligned_offsets_and_residues(tmp_path: Path) -> None:
+    """Direct I/O at any file offset: zero-copy when address and offset agree modulo 4096
+    (the checkpoint layout), bounced otherwise; bytes around a piece in its blocks are zero."""
+    path = tmp_path / "u.bin"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+    except OSError:
+        pytest.skip("filesystem without O_DIRECT")
+    A = nat.DIRECT_ALIGN
+    raw = torch.randint(0, 256, ((9 << 20) + 3 * A,), dtype=torch.uint8)
+    base = raw.data_ptr()
+    r = base % A
+    n1 = (9 << 20) + 1000  # > one 8 MiB I/O block, partial first and last blocks
+    # piece 1: offset with the same residue as its address -> whole blocks straight from memory
+    # piece 2: residue differs -> bounced; piece 3: shorter than a block, inside one block
+    off1 = 3 * A + r
+    off2 = -(-(off1 + n1) // A) * A + 17
+    off3 = -(-(off2 + 5000) // A) * A + 100
+    pieces = [(base, n1, off1), (base + 1, 5000, off2), (base + 3, 7, off3)]
+    try:
+        crcs = nat.write_pieces(fd, pieces, True)
+        nat.fsync_fd(fd)
+        dst = torch.zeros(n1 + 2 * A, dtype=torch.uint8)
+        d = dst.data_ptr()
+        # read back into the same residue (zero-copy), a different one, and through buffered I/O
+        d_same = d + ((r - d) % A)
+        back = nat.read_pieces(fd, [(d_same, n1, off1)], True)
+        got1 = dst[d_same - d : d_same - d + n1].clone()
+        back2 = nat.read_pieces(fd, [(d + 1, 5000, off2), (d + 6000, 7, off3)], True)
+        got2, got3 = dst[1:5001].clone(), dst[6000:6007].clone()
+    finally:
+        os.close(fd)
+    expect = [nat.crc32c(raw[:n1].numpy().tobytes()), nat.crc32c(raw[1:5001].numpy().tobytes())]
+    expect.append(nat.crc32c(raw[3:10].numpy().tobytes()))
+    assert crcs == expect and back == expect[:1] and back2 == expect[1:]
+    assert torch.equal(got1, raw[:n1]) and torch.equal(got2, raw[1:5001]) and torch.equal(got3, raw[3:10])
+    data = path.read_bytes()
+    assert data[off1 : off1 + n1] == raw[:n1].numpy().tobytes()
+    assert data[3 * A : off1] == bytes(r)  # zero padding before the first byte
+    assert data[off2 - 17 : off2] == bytes(17) and data[off3 - 100 : off3] == bytes(100)
+    assert len(data) % A == 0

@@ -454,17 +454,21 @@ def _write_rank_file(fname: str, items: list[_Item], writer: FileSystemWriter, b
                 "pieces": [],
             }
             base = data.data_ptr() if nbytes else 0
+            # The chunk starts at the same remainder modulo 4096 as its memory address (the
+            # allocator gives every large tensor the same one), so direct I/O streams whole
+            # blocks between the file and the tensor storage without a bounce copy, here and
+            # when loading into tensors from the same allocator. Pieces end on block boundaries.
+            offset += base % _ALIGN
             pos = 0
-            while pos < nbytes or (nbytes == 0 and not chunk["pieces"]):
-                n = min(writer.piece_bytes, nbytes - pos)
-                chunk["pieces"].append([offset, n, None if n else 0])
-                if n:
-                    batch.append((base + pos, n, offset))
-                    batch_bytes += n
+            if nbytes == 0:
+                chunk["pieces"].append([offset, 0, 0])
+            while pos < nbytes:
+                n = min(writer.piece_bytes - (offset % _ALIGN if pos == 0 else 0), nbytes - pos)
+                chunk["pieces"].append([offset, n, None])
+                batch.append((base + pos, n, offset))
+                batch_bytes += n
                 pos += n
                 offset += n
-                if nbytes == 0:
-                    break
             offset = -(-offset // _ALIGN) * _ALIGN
             batch_refs.append((chunk, data))  # keeps `data` alive until written
             chunks.append(chunk)
@@ -661,8 +665,6 @@ class _Files:
 
     def read(self, name: str, tuples: list[tuple[int, int, int]]) -> list[int]:
         fd, direct = self._get(name)
-        if direct and any(t[2] % _ALIGN for t in tuples):
-            direct = False  # not written by this package's aligned layout: read buffered
         return _native.read_pieces(fd, tuples, direct)
 
     def close(self) -> None:
