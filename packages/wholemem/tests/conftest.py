@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,3 +19,26 @@ def comm() -> Iterator[wg.Communicator]:
     c = wg.create_communicator(1, wg.get_unique_id(), 0)
     yield c
     wg.finalize_lib()
+
+
+def load_gpu_fake() -> Any:
+    """The host-memory stand-in for the CUDA backend (tests/scripts/gpu_fake.py)."""
+    path = Path(__file__).parent / "scripts" / "gpu_fake.py"
+    spec = importlib.util.spec_from_file_location("wholemem_gpu_fake", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def fake_gpu() -> Iterator[Any]:
+    """Route wholemem's GPU paths through host memory for the duration of a test."""
+    from wholemem import _gpu
+
+    backend = load_gpu_fake().FakeGpuBackend()
+    old = _gpu.set_backend(backend)
+    try:
+        yield backend
+    finally:
+        _gpu.set_backend(old)

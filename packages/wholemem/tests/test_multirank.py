@@ -69,3 +69,13 @@ def _pg_body(rank: int, size: int, store: str) -> None:
 @pytest.mark.spawn
 def test_communicator_from_process_group() -> None:
     run_spawn(_pg_body, 2, timeout=120)
+
+
+@pytest.mark.mpi
+def test_gpu_placement_and_two_nodes() -> None:
+    # 3 ranks: GPU requests fail on every rank without a GPU; the GPU paths over host memory
+    # (IPC-style chunk exchange, GPU NCCL routing, destroy); two simulated nodes
+    before = shm_names()
+    res = run_mpi(SCRIPTS / "worker_gpu.py", 3, timeout=120)
+    assert "worker_gpu OK 3" in res.stdout
+    assert shm_names() <= before, "shared-memory segments left behind"

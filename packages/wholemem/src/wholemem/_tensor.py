@@ -414,7 +414,7 @@ def create_wm_tensor(
             return host
         from ._ops import get_tensor_view
 
-        return get_tensor_view(host, dev)
+        return get_tensor_view(host, device)
     if tensor_type is WmTensorType.CHUNKED:
         if dev is not None:
             return ChunkedTensor(comm, layout, [], _create_gpu_chunks(comm, layout, dev))

@@ -1,0 +1,154 @@
+"""GPU-resident tensors: clear errors without a GPU, and the GPU code paths run over host memory.
+
+The real CUDA backend cannot run on this CPU-only machine; ``fake_gpu`` (conftest) swaps
+in a backend whose "device memory" is shared memory, so the IPC exchange, chunk tables,
+GPU NCCL routing, host registration and lifetime rules are exercised and their numbers
+checked. What only a GPU can verify: the CUDA kernels, cudaIpc*, cudaHostRegister.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import pytest
+import torch
+
+import wholemem as wg
+from wholemem import _wholemem
+
+T = wg.WmTensorType
+NO_GPU = not torch.cuda.is_available() or _wholemem.cuda_device_count() == 0
+
+
+@pytest.mark.skipif(not NO_GPU, reason="a GPU is visible")
+def test_gpu_requests_raise_clearly_without_a_gpu(comm: wg.Communicator) -> None:
+    for ty in (T.HOST, T.CHUNKED, T.NCCL, T.DEVICE):
+        for dev in ("cuda", "cuda:0", torch.device("cuda", 1)):
+            with pytest.raises(RuntimeError, match=r"needs a CUDA GPU, and none is visible"):
+                wg.create_wm_tensor(comm, [8, 2], [], torch.float32, ty, device=dev)
+    with pytest.raises(RuntimeError, match="DEVICE on cuda needs a CUDA GPU"):
+        wg.create_wm_tensor(comm, [8, 2], [], torch.float32, T.DEVICE)
+    with pytest.raises(ValueError, match="DEVICE tensors live on a GPU"):
+        wg.create_wm_tensor(comm, [8], [], torch.float32, T.DEVICE, device="cpu")
+    with pytest.raises(ValueError, match="CPU or CUDA device"):
+        wg.create_wm_tensor(comm, [8], [], torch.float32, T.CHUNKED, device="meta")
+    with pytest.raises(TypeError, match="device must be"):
+        wg.create_wm_tensor(comm, [8], [], torch.float32, T.CHUNKED, device=2.5)
+    with pytest.raises(ValueError, match="host memory"):
+        wg.Embedding(comm, 4, 2, tensor_type=T.DEVICE)
+    # views: a clear error, never a silent CPU tensor
+    h = wg.create_wm_tensor(comm, [8, 2], [], torch.float32, T.HOST)
+    c = wg.create_wm_tensor(comm, [8, 2], [], torch.float32, T.CHUNKED)
+    for t in (h, c):
+        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+            wg.get_tensor_view(t, "cuda")
+    with pytest.raises(TypeError, match="device must be"):
+        wg.get_tensor_view(h, 3.5)
+    with pytest.raises(ValueError, match="unsupported device"):
+        wg.get_tensor_view(h, "meta")
+    # the communicator is still fine: nothing was half-created
+    comm.barrier()
+    assert wg.get_partition_plan(c) == (0, 8, 8, 8)
+
+
+def _encode(rows: torch.Tensor, ncols: int, dtype: torch.dtype) -> torch.Tensor:
+    return ((rows[:, None] * 3 + torch.arange(ncols)[None, :] * 5) % 101).to(dtype)
+
+
+@pytest.mark.parametrize("ty", [T.CHUNKED, T.NCCL])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.int64])
+def test_gpu_tensor_paths_on_host_memory(comm: wg.Communicator, fake_gpu: Any, ty: Any, dtype: torch.dtype) -> None:
+    t = wg.create_wm_tensor(comm, [9, 4], [6, 1], dtype, ty, device="cuda")
+    assert t.is_gpu and isinstance(t, wg.ChunkedTensor if ty is T.CHUNKED else wg.NCCLTensor)
+    assert tuple(t.stride) == (6, 1) and t.dtype == dtype
+    assert fake_gpu.calls["alloc"] == (1 if ty is T.CHUNKED else 0)  # NCCL: private torch memory
+    rows = torch.arange(9)
+    wg.scatter(t, rows, _encode(rows, 4, dtype))
+    idx = torch.tensor([8, 0, 3, 3, 5], dtype=torch.int32)
+    assert torch.equal(wg.gather(t, idx), _encode(idx.long(), 4, dtype))
+    out = torch.empty(5, 4, dtype=dtype)
+    assert wg.gather(t, idx, out=out) is out and torch.equal(out, _encode(idx.long(), 4, dtype))
+    # views: rows 2..8, columns 1..3, view-relative indices
+    sub = wg.get_sub_tensor(t, [2, 1], [8, 3])
+    assert torch.equal(wg.gather(sub, torch.tensor([0, 5])), _encode(torch.tensor([2, 7]), 4, dtype)[:, 1:3])
+    wg.scatter(sub, torch.tensor([1]), torch.full((1, 2), 7, dtype=dtype))
+    assert torch.equal(wg.gather(t, torch.tensor([3]))[0], torch.tensor([9, 7, 7, 24], dtype=dtype))
+    # the local part aliases the storage
+    local, first = wg.get_local_tensor(t)
+    assert first == 0 and local.shape == (9, 4) and local.stride() == (6, 1)
+    local[4, 0] = 42
+    assert wg.gather(t, torch.tensor([4]))[0, 0] == 42
+    # bad input, checked before anything runs
+    with pytest.raises(IndexError, match="index 9 at position 1"):
+        wg.gather(t, torch.tensor([0, 9]))
+    with pytest.raises(IndexError, match="index -1 at position 0"):
+        wg.scatter(t, torch.tensor([-1]), torch.zeros(1, 4, dtype=dtype))
+    with pytest.raises(TypeError, match="int64 or int32"):
+        wg.gather(t, torch.tensor([0.0]))
+    with pytest.raises(TypeError, match="dtype"):
+        wg.scatter(t, torch.tensor([0]), torch.zeros(1, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"shape \(2, 4\)"):
+        wg.scatter(t, torch.tensor([0, 1]), torch.zeros(1, 4, dtype=dtype))
+    with pytest.raises(ValueError, match="contiguous"):
+        wg.gather(t, torch.tensor([0, 1, 2, 3]), out=torch.empty(4, 4, dtype=dtype).t())
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        wg.scatter(t, torch.tensor([0]), [[1, 2, 3, 4]])
+    assert wg.get_tensor_view(t, "cuda") is t
+    with pytest.raises(ValueError, match="no CPU view"):
+        wg.get_tensor_view(t, "cpu")
+
+
+def test_gpu_chunked_lifetime(fake_gpu: Any) -> None:
+    wg.init_lib()
+    comm = wg.create_communicator(1, wg.get_unique_id(), 0)
+    t = wg.create_wm_tensor(comm, [5, 2], [], torch.float32, T.CHUNKED, device="cuda")
+    (ptr,) = fake_gpu.own
+    local, _ = wg.get_local_tensor(t)
+    del t
+    gc.collect()
+    assert fake_gpu.freed == []  # before the collective destroy nothing is freed
+    syncs = fake_gpu.calls["synchronize"]
+    comm.destroy()
+    assert fake_gpu.calls["synchronize"] > syncs  # the barrier waits for device work first
+    assert fake_gpu.freed == []  # a local view is alive
+    local[0, 0] = 1.0  # ... and still valid
+    del local
+    gc.collect()
+    assert fake_gpu.freed == [ptr]
+    wg.finalize_lib()
+
+
+def test_host_and_chunked_cuda_views(comm: wg.Communicator, fake_gpu: Any) -> None:
+    h = wg.create_wm_tensor(comm, [6, 3], [4, 1], torch.float32, T.HOST)
+    h.copy_(torch.arange(18.0).reshape(6, 3))
+    v = wg.get_tensor_view(h, "cuda")
+    assert fake_gpu.calls["host_register"] == 1
+    assert v.shape == h.shape and v.stride() == (4, 1)
+    v[2, 1] = -5.0  # the view aliases the shared pages
+    assert h[2, 1] == -5.0
+    sub = wg.get_sub_tensor(h, [2, 0], [5, 2])
+    sv = wg.get_tensor_view(sub, torch.device("cuda"))
+    assert fake_gpu.calls["host_register"] == 1  # one registration per segment and process
+    assert torch.equal(sv, h[2:5, 0:2]) and wg.get_local_tensor(sv)[1] == 0
+    assert torch.equal(wg.gather(sv, torch.tensor([2])), h[4:5, 0:2])
+    assert wg.get_partition_plan(v) == (0, 6, 6, 6)
+    del v, sv
+    gc.collect()
+    assert fake_gpu.calls["host_unregister"] == 1 and not fake_gpu.registered
+    # HOST with device='cuda' returns the mapped view of a new segment
+    hc = wg.create_wm_tensor(comm, [4, 2], [], torch.int32, T.HOST, device="cuda")
+    assert fake_gpu.calls["host_register"] == 2 and torch.equal(hc, torch.zeros(4, 2, dtype=torch.int32))
+    # a host CHUNKED tensor seen from the GPU: mapped chunks, same rows
+    c = wg.create_wm_tensor(comm, [7, 2], [], torch.float64, T.CHUNKED)
+    wg.scatter(c, torch.arange(7), torch.arange(14.0, dtype=torch.float64).reshape(7, 2))
+    cv = wg.get_tensor_view(c, "cuda:0")
+    assert isinstance(cv, wg.ChunkedTensor) and cv.is_gpu and not c.is_gpu
+    wg.scatter(cv, torch.tensor([6]), torch.tensor([[-1.0, -2.0]], dtype=torch.float64))
+    assert torch.equal(wg.gather(c, torch.tensor([6, 1])), torch.tensor([[-1.0, -2.0], [2.0, 3.0]], dtype=torch.float64))
+    assert torch.equal(wg.get_local_tensor(cv)[0], wg.get_local_tensor(c)[0])
+    n = wg.create_wm_tensor(comm, [7, 2], [], torch.float32, T.NCCL)
+    with pytest.raises(ValueError, match="private"):
+        wg.get_tensor_view(n, "cuda")
+    with pytest.raises(ValueError, match="HOST tensor made by create_wm_tensor"):
+        wg.get_tensor_view(torch.zeros(3), "cuda")
