@@ -83,6 +83,10 @@ def test_local_validation_messages() -> None:
         comm.Gather(None, 0, 0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="gatheraxis = -3"):
         comm.Allgather(torch.ones(2, 2), -3)
+    with pytest.raises(ValueError, match="must live on the CPU or a CUDA device, got meta"):
+        comm.Gather(torch.ones(2, device="meta"), 0, 0)  # no memory: never handed to MPI
+    with pytest.raises(ValueError, match="got meta"):
+        comm.Allreduce(torch.ones(2, device="meta"), mpiad.MPI_SUM)
     with pytest.raises(TypeError, match="mpi4py communicator"):
         mpiad.comm_from_mpi4py(object())
 

@@ -77,7 +77,7 @@ def check_tensor(t: Any, name: str = "tensor") -> Tensor:
         raise MpiadTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__} {t!r:.80}")
     if t.layout != torch.strided:
         raise MpiadTypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
-    if not (t.is_cpu or t.is_cuda or t.is_meta):
+    if not (t.is_cpu or t.is_cuda):  # (meta tensors have no memory for MPI)
         raise MpiadValueError(f"{name} must live on the CPU or a CUDA device, got {t.device}")
     dtype_code(t, name)
     return t
@@ -179,11 +179,15 @@ def to_mpi(t: Tensor) -> Tensor:
     current stream is synchronised first so the data is complete.
     """
     if t.is_cuda:
-        torch.cuda.current_stream(t.device).synchronize()
         if not cuda_aware():
             host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            host.copy_(t)
+            host.copy_(t)  # synchronous: waits for the kernels that produce t
             return host
+        x = t if t.is_contiguous() else t.contiguous()
+        # MPI reads device memory outside torch's streams: everything queued on the
+        # current stream (including the copy above) must be complete
+        torch.cuda.current_stream(t.device).synchronize()
+        return x
     return t if t.is_contiguous() else t.contiguous()
 
 
@@ -198,8 +202,14 @@ def from_mpi(buf: Tensor, like: Tensor) -> Tensor:
 
 def mpi_empty(shape: Sequence[int], like: Tensor) -> Tensor:
     """An uninitialised receive buffer for ``like``'s dtype where MPI can write."""
-    if like.is_cuda and not cuda_aware():
-        return torch.empty(tuple(shape), dtype=like.dtype, pin_memory=True)
+    if like.is_cuda:
+        if not cuda_aware():
+            return torch.empty(tuple(shape), dtype=like.dtype, pin_memory=True)
+        buf = torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
+        # the caching allocator may hand out memory that kernels still queued on the
+        # current stream use; MPI writes outside the stream, so let them finish
+        torch.cuda.current_stream(like.device).synchronize()
+        return buf
     return torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
 
 
