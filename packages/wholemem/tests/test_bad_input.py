@@ -32,6 +32,29 @@ def test_bad_indices(comm: wg.Communicator, ty: wg.WmTensorType) -> None:
         wg.gather(t, torch.zeros(2, 2, dtype=torch.int64))
     with pytest.raises(TypeError, match="torch.Tensor or numpy"):
         wg.gather(t, [1, 2])
+    # every op: negative / too large -> IndexError naming the index and its position,
+    # non-integer dtypes -> TypeError, and nothing is written by a rejected scatter
+    before = wg.gather(t, torch.arange(10))
+    with pytest.raises(IndexError, match=r"index -1 at position 2 is out of range for 10 rows"):
+        wg.scatter(t, torch.tensor([0, 1, -1]), torch.ones(3, 3))
+    with pytest.raises(IndexError, match=r"index 10 at position 0"):
+        wg.scatter(t, torch.tensor([10, 1], dtype=torch.int32), torch.ones(2, 3))
+    with pytest.raises(IndexError, match=r"index -2147483648 at position 0"):
+        wg.gather(t, torch.tensor([-(2**31)], dtype=torch.int32))
+    with pytest.raises(IndexError, match=r"index 4294967296 at position 1"):
+        wg.gather(t, torch.tensor([0, 2**32]))
+    for bad in (
+        torch.tensor([1.0]),
+        torch.tensor([1], dtype=torch.uint8),
+        torch.tensor([True]),
+        np.array([1.0]),
+        np.array([1], dtype=np.int16),
+    ):
+        with pytest.raises(TypeError, match="int64 or int32"):
+            wg.scatter(t, bad, torch.ones(1, 3))
+        with pytest.raises(TypeError, match="int64 or int32"):
+            wg.gather(t, bad)
+    assert torch.equal(wg.gather(t, torch.arange(10)), before)
     # sub-tensor indices are checked against the view
     sub = wg.get_sub_tensor(t, [2], [5])
     with pytest.raises(IndexError, match="3"):
@@ -179,8 +202,15 @@ def test_embedding_bad_input(comm: wg.Communicator) -> None:
     with pytest.raises(ValueError, match="init"):
         wg.Embedding(comm, 4, 2, init=torch.zeros(3, 2))
     emb = wg.Embedding(comm, 4, 2)
-    with pytest.raises(IndexError, match="4"):
+    with pytest.raises(IndexError, match=r"index 4 at position 0 is out of range for 4 rows"):
         emb(torch.tensor([4]))
+    with pytest.raises(IndexError, match=r"index -1 at position 1"):
+        emb(torch.tensor([0, -1], dtype=torch.int32))
+    for bad in (torch.tensor([1.0]), torch.tensor([1], dtype=torch.int16), np.array([0.5])):
+        with pytest.raises(TypeError, match="int64 or int32"):
+            emb(bad)
+    with pytest.raises(ValueError, match="1-D"):
+        emb(torch.zeros(2, 2, dtype=torch.int64))
     with pytest.raises(RuntimeError, match="no optimizer"):
         emb.step()
     # default init is independent of the partition and deterministic

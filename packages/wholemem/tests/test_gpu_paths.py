@@ -145,10 +145,31 @@ def test_host_and_chunked_cuda_views(comm: wg.Communicator, fake_gpu: Any) -> No
     cv = wg.get_tensor_view(c, "cuda:0")
     assert isinstance(cv, wg.ChunkedTensor) and cv.is_gpu and not c.is_gpu
     wg.scatter(cv, torch.tensor([6]), torch.tensor([[-1.0, -2.0]], dtype=torch.float64))
-    assert torch.equal(wg.gather(c, torch.tensor([6, 1])), torch.tensor([[-1.0, -2.0], [2.0, 3.0]], dtype=torch.float64))
+    assert torch.equal(
+        wg.gather(c, torch.tensor([6, 1])), torch.tensor([[-1.0, -2.0], [2.0, 3.0]], dtype=torch.float64)
+    )
     assert torch.equal(wg.get_local_tensor(cv)[0], wg.get_local_tensor(c)[0])
     n = wg.create_wm_tensor(comm, [7, 2], [], torch.float32, T.NCCL)
     with pytest.raises(ValueError, match="private"):
         wg.get_tensor_view(n, "cuda")
     with pytest.raises(ValueError, match="HOST tensor made by create_wm_tensor"):
         wg.get_tensor_view(torch.zeros(3), "cuda")
+
+
+def test_non_cpu_plain_tensor_checks(comm: wg.Communicator) -> None:
+    # DEVICE tensors and CUDA views of HOST tensors are plain device tensors; the 'meta'
+    # device stands in for CUDA here: the same checks run before torch's kernels
+    t = torch.empty(10, 3, device="meta")
+    assert wg.gather(t, torch.tensor([9, 0])).shape == (2, 3)
+    with pytest.raises(IndexError, match=r"index 10 at position 1 is out of range for 10 rows"):
+        wg.gather(t, torch.tensor([0, 10]))
+    with pytest.raises(IndexError, match=r"index -4 at position 0"):
+        wg.scatter(t, torch.tensor([-4]), torch.empty(1, 3, device="meta"))
+    with pytest.raises(TypeError, match="int64 or int32"):
+        wg.gather(t, torch.tensor([1.5]))
+    with pytest.raises(ValueError, match="values must be on meta"):
+        wg.scatter(t, torch.tensor([1]), torch.zeros(1, 3))
+    with pytest.raises(TypeError, match="dtype torch.float32"):
+        wg.scatter(t, torch.tensor([1]), torch.empty(1, 3, dtype=torch.float64, device="meta"))
+    with pytest.raises(ValueError, match=r"out must have shape \(1, 3\)"):
+        wg.gather(t, torch.tensor([1]), out=torch.empty(2, 3, device="meta"))

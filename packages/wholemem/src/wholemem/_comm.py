@@ -101,8 +101,17 @@ class Communicator:
         Number of distinct nodes in the group.
     """
 
-    def __init__(self, pg: Any, *, store: Any = None, owns_pg: bool = True, token: str | None = None) -> None:
+    def __init__(
+        self,
+        pg: Any,
+        *,
+        store: Any = None,
+        owns_pg: bool = True,
+        token: str | None = None,
+        timeout: datetime.timedelta = _DEFAULT_TIMEOUT,
+    ) -> None:
         self._pg = pg
+        self._timeout = timeout
         self._token = token
         self._store = store
         self._owns_pg = owns_pg
@@ -141,10 +150,17 @@ class Communicator:
     def _mark_destroyed(self) -> None:
         # Not collective (finalize_lib): unmap the peers' GPU chunks, but never free this
         # rank's own chunks (a peer may still map them); process exit returns them.
+        if self._gpu_chunks:
+            from ._gpu import backend
+
+            try:
+                backend().synchronize()  # no kernel of this rank still reads a peer's chunk
+            except Exception:  # best effort while tearing down
+                pass
         for g in self._gpu_chunks:
             try:
                 g.close_imports()
-            except Exception:  # noqa: BLE001 - best effort while tearing down
+            except Exception:  # best effort while tearing down
                 pass
         self._gpu_chunks = []
         self._destroyed = True
@@ -188,10 +204,14 @@ class Communicator:
         if self._destroyed:
             return
         errors = []
+        from ._gpu import backend
+
+        if self._gpu_chunks:
+            backend().synchronize()  # no kernel of this rank still reads a peer's chunk
         for g in self._gpu_chunks:
             try:
                 g.close_imports()
-            except Exception as e:  # noqa: BLE001 - still take part in the barrier
+            except Exception as e:  # still take part in the barrier
                 errors.append(e)
         self.barrier()  # every peer has unmapped this rank's chunks
         for g in self._gpu_chunks:
@@ -230,8 +250,10 @@ class Communicator:
         if self._pg_has_cuda:
             self._dev_pg = self._pg
             return
-        store = dist.PrefixStore(f"wholemem/{self._token}/nccl", self._store)
-        self._dev_pg = dist.ProcessGroupNCCL(store, self.rank, self.size)  # pragma: no cover - needs GPUs
+        store = dist.PrefixStore(f"wholemem/{self._token}/nccl", self._store)  # pragma: no cover - needs GPUs
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = self._timeout
+        self._dev_pg = dist.ProcessGroupNCCL(store, self.rank, self.size, opts)
 
     def _group_for(self, t: torch.Tensor) -> Any:
         if t.device.type == "cpu":
@@ -326,7 +348,7 @@ def create_communicator(
         store = dist.TCPStore(unique_id.host, unique_id.port, None, False, timeout=timeout)
     prefixed = dist.PrefixStore(f"wholemem/{unique_id.token}", store)
     pg = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
-    return Communicator(pg, store=store, owns_pg=True, token=unique_id.token)
+    return Communicator(pg, store=store, owns_pg=True, token=unique_id.token, timeout=timeout)
 
 
 def communicator_from_process_group(pg: Any = None) -> Communicator:

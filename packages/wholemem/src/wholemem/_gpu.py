@@ -177,7 +177,7 @@ class DeviceAlloc:
             ptr, self.ptr = self.ptr, 0
             try:
                 self.backend.free(ptr, self.device)
-            except Exception:  # noqa: BLE001 - never raise from a finalizer (e.g. at exit)
+            except Exception:  # never raise from a finalizer (e.g. at exit)
                 pass
 
 
@@ -200,7 +200,7 @@ class GpuChunks:
         for p in self.imported:
             try:
                 self.backend.ipc_close(p)
-            except Exception as e:  # noqa: BLE001 - close every mapping, report the first failure
+            except Exception as e:  # close every mapping, report the first failure
                 errors.append(e)
         self.imported = []
         if errors:
@@ -225,8 +225,9 @@ class HostMapping:
         if self.registered:
             self.registered = False
             try:
+                self.backend.synchronize()  # no kernel still reads the pages
                 self.backend.host_unregister(self.addr)
-            except Exception:  # noqa: BLE001 - never raise from a finalizer
+            except Exception:  # never raise from a finalizer
                 pass
 
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from distkit_common.validate import as_index_tensor, as_tensor
+from distkit_common.validate import as_tensor
 
 from . import _gpu, _lib
 from ._layout import local_range, plain_table_args
-from ._tensor import ChunkedTensor, HostInfo, NCCLTensor, _require_gpu, _rows_view, _WmTensor, host_info, register_host
+from ._tensor import ChunkedTensor, HostInfo, NCCLTensor, _require_gpu, _WmTensor, host_info, register_host
 from ._wholemem import Segment, Table, check_indices
 
 WmAny = Any  # torch.Tensor | ChunkedTensor | NCCLTensor
@@ -134,17 +134,12 @@ def gather(t: WmAny, indices: Any, out: torch.Tensor | None = None) -> torch.Ten
     if isinstance(t, _WmTensor) and t.is_gpu:
         return _gpu_gather(t, indices, out)
     if isinstance(t, torch.Tensor) and t.device.type != "cpu":
-        idx = as_index_tensor(
-            indices.cpu() if isinstance(indices, torch.Tensor) else indices,
-            "indices",
-            upper=t.shape[0],
-            dtypes=("int64", "int32"),
-        )
-        res = t.index_select(0, idx.to(t.device))
-        if out is not None:
-            out.copy_(res)
-            return out
-        return res
+        # a DEVICE tensor or a CUDA view of a HOST tensor: torch's kernels
+        didx = _device_indices(t, indices)
+        o = torch.empty((didx.numel(), *_row_shape(t)), dtype=t.dtype, device=t.device) if out is None else out
+        o = _gpu_rows_arg(t, o, didx.numel(), "out")
+        torch.index_select(t, 0, didx, out=o)
+        return o
     idx = _indices(indices, int(t.shape[0]))
     o = _out(out, idx.numel(), t)
     if isinstance(t, NCCLTensor):
@@ -193,16 +188,8 @@ def scatter(t: WmAny, indices: Any, values: Any) -> None:
         _gpu_scatter(t, indices, values)
         return
     if isinstance(t, torch.Tensor) and t.device.type != "cpu":
-        idx = as_index_tensor(
-            indices.cpu() if isinstance(indices, torch.Tensor) else indices,
-            "indices",
-            upper=t.shape[0],
-            dtypes=("int64", "int32"),
-        )
-        v = as_tensor(values, "values")
-        if v.dtype != t.dtype:
-            raise TypeError(f"values must have dtype {t.dtype} (the tensor's), got {v.dtype}")
-        t.index_copy_(0, idx.to(t.device), v.to(t.device))
+        didx = _device_indices(t, indices)
+        t.index_copy_(0, didx.to(torch.int64), _gpu_rows_arg(t, values, didx.numel(), "values"))
         return
     idx = _indices(indices, int(t.shape[0]))
     vals = _values(values, idx.numel(), t)
@@ -279,7 +266,7 @@ def _nccl_scatter(t: NCCLTensor, idx: torch.Tensor, vals: torch.Tensor) -> None:
 # -- GPU-resident CHUNKED / NCCL tensors: CUDA kernels on torch's current stream -----------
 
 
-def _gpu_indices(t: _WmTensor, indices: Any) -> torch.Tensor:
+def _device_indices(t: Any, indices: Any) -> torch.Tensor:
     """Validated 1-D int32/int64 indices on ``t.device`` (CPU indices are checked natively
     and copied; device indices are checked with one reduction and one host sync)."""
     x = as_tensor(indices, "indices")
@@ -301,7 +288,7 @@ def _gpu_indices(t: _WmTensor, indices: Any) -> torch.Tensor:
     return x
 
 
-def _gpu_rows_arg(t: _WmTensor, x: Any, n: int, name: str) -> torch.Tensor:
+def _gpu_rows_arg(t: Any, x: Any, n: int, name: str) -> torch.Tensor:
     want = (n, *_row_shape(t))
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor on {t.device}, got {type(x).__name__}")
@@ -342,7 +329,7 @@ def _gpu_route(t: NCCLTensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 def _gpu_gather(t: _WmTensor, indices: Any, out: torch.Tensor | None) -> torch.Tensor:
-    idx = _gpu_indices(t, indices)
+    idx = _device_indices(t, indices)
     n = idx.numel()
     o = torch.empty((n, *_row_shape(t)), dtype=t.dtype, device=t.device) if out is None else out
     o = _gpu_rows_arg(t, o, n, "out")
@@ -365,7 +352,7 @@ def _gpu_gather(t: _WmTensor, indices: Any, out: torch.Tensor | None) -> torch.T
 
 
 def _gpu_scatter(t: _WmTensor, indices: Any, values: Any) -> None:
-    idx = _gpu_indices(t, indices)
+    idx = _device_indices(t, indices)
     vals = _gpu_rows_arg(t, values, idx.numel(), "values").contiguous()
     assert t._table is not None
     if isinstance(t, ChunkedTensor):
@@ -556,7 +543,9 @@ def get_tensor_view(t: WmAny, device: Any) -> WmAny:
         raise TypeError(f"get_tensor_view: device must be 'cpu', 'cuda[:N]' or a torch.device, got {device!r}") from e
     if dev.type == "cpu":
         if (isinstance(t, torch.Tensor) and t.device.type != "cpu") or (isinstance(t, _WmTensor) and t.is_gpu):
-            raise ValueError(f"get_tensor_view: this tensor lives on {t.device} and has no CPU view (copy rows with .cpu())")
+            raise ValueError(
+                f"get_tensor_view: this tensor lives on {t.device} and has no CPU view (copy rows with .cpu())"
+            )
         return t
     if dev.type != "cuda":
         raise ValueError(f"get_tensor_view: unsupported device {dev}")

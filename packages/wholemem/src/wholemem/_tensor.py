@@ -220,10 +220,8 @@ class ChunkedTensor(_WmTensor):
         self._table = self._make_table()
 
     def _make_table(self) -> Table:
-        if self._gpu is not None:
-            addresses = list(self._gpu.addresses)
-        else:
-            addresses = [int(s.address) for s in self._segments]
+        gpu = self._gpu
+        addresses = list(gpu.addresses) if gpu is not None else [int(s.address) for s in self._segments]
         return self._table_of(addresses, self._rpr, self._base.nrows)
 
     def _local_part(self) -> tuple[torch.Tensor, int]:

@@ -17,10 +17,10 @@ import torch
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_fake import FakeGpuBackend  # noqa: E402
+from gpu_fake import FakeGpuBackend
 
-import wholemem as wg  # noqa: E402
-from wholemem import _gpu  # noqa: E402
+import wholemem as wg
+from wholemem import _gpu
 
 T = wg.WmTensorType
 
@@ -49,7 +49,9 @@ def main() -> None:
     if not torch.cuda.is_available():
         for asks in ([True] * size, [r == 0 for r in range(size)]):
             dev = "cuda" if asks[rank] else "cpu"
-            expect_error(lambda: wg.create_wm_tensor(comm, [10, 3], [], torch.float32, T.CHUNKED, device=dev), "CUDA GPU")
+            expect_error(
+                lambda d=dev: wg.create_wm_tensor(comm, [10, 3], [], torch.float32, T.CHUNKED, device=d), "CUDA GPU"
+            )
         comm.barrier()
 
     # 2. GPU paths over host memory
@@ -93,7 +95,7 @@ def main() -> None:
         c2 = wg.communicator_from_mpi4py(mpi)
         assert c2.num_nodes == 2 and c2.local_size == len(range(rank % 2, size, 2))
         for ty in (T.HOST, T.CHUNKED, T.DEVICE):
-            expect_error(lambda: wg.create_wm_tensor(c2, [10, 3], [], torch.float32, ty), "2 nodes", "NCCL")
+            expect_error(lambda t=ty: wg.create_wm_tensor(c2, [10, 3], [], torch.float32, t), "2 nodes", "NCCL")
         n = wg.create_wm_tensor(c2, [10, 3], [], torch.int64, T.DISTRIBUTED)
         local, first = wg.get_local_tensor(n)
         rows = torch.arange(first, first + local.shape[0])
