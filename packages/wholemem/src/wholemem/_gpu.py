@@ -125,7 +125,15 @@ class CudaBackend(Backend):
         _native.ipc_close_handle(ptr)
 
     def as_tensor(self, ptr: int, nbytes: int, device: torch.device, owner: Any) -> torch.Tensor:
-        return torch.as_tensor(_CudaArray(ptr, nbytes, owner), device=device)
+        t = torch.as_tensor(_CudaArray(ptr, nbytes, owner), device=device)
+        # torch infers the device from the pointer and would *copy* to another device: a
+        # view must alias the memory, so anything else is an error, not a silent copy
+        if t.device != device or t.data_ptr() != ptr:
+            raise RuntimeError(
+                f"wholemem: torch could not wrap memory at {ptr:#x} as a {device} tensor without copying "
+                f"(it lives on {t.device}); views are only available on the device that maps the memory"
+            )
+        return t
 
     def stream(self, device: torch.device) -> int:
         return int(torch.cuda.current_stream(device).cuda_stream)
