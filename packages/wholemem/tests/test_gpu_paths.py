@@ -173,3 +173,17 @@ def test_non_cpu_plain_tensor_checks(comm: wg.Communicator) -> None:
         wg.scatter(t, torch.tensor([1]), torch.empty(1, 3, dtype=torch.float64, device="meta"))
     with pytest.raises(ValueError, match=r"out must have shape \(1, 3\)"):
         wg.gather(t, torch.tensor([1]), out=torch.empty(2, 3, device="meta"))
+
+
+def test_gpu_tensor_files(comm: wg.Communicator, fake_gpu: Any, tmp_path: Any) -> None:
+    # store from a GPU-resident tensor, load into a host one and back into another GPU type
+    data = torch.arange(30, dtype=torch.int32).reshape(10, 3)
+    g = wg.create_wm_tensor(comm, [10, 3], [], torch.int32, T.CHUNKED, device="cuda")
+    wg.scatter(g, torch.arange(10), data)
+    assert len(wg.store_to_files(g, tmp_path / "g", num_parts=3)) == 3
+    h = wg.create_wm_tensor(comm, [10, 3], [], torch.int32, T.HOST)
+    wg.load_from_files(h, tmp_path / "g")
+    assert torch.equal(h, data)
+    n = wg.create_wm_tensor(comm, [10, 3], [], torch.int32, T.NCCL, device="cuda")
+    wg.load_from_files(n, tmp_path / "g")
+    assert torch.equal(wg.gather(n, torch.arange(10)), data)

@@ -337,7 +337,7 @@ def _gpu_gather(t: _WmTensor, indices: Any, out: torch.Tensor | None) -> torch.T
         raise ValueError(f"out must be a contiguous tensor of shape {tuple(o.shape)}")
     assert t._table is not None
     if isinstance(t, ChunkedTensor):
-        _run(t, t._table, "gather", idx + t._row_offset if t._row_offset else idx, o)
+        _run(t, t._table, "gather", idx.to(torch.int64) + t._row_offset if t._row_offset else idx, o)
     elif isinstance(t, NCCLTensor):
         if t.comm.size == 1:
             _run(t, t._table, "gather", idx.to(torch.int64) + t._row_offset, o)
@@ -356,7 +356,7 @@ def _gpu_scatter(t: _WmTensor, indices: Any, values: Any) -> None:
     vals = _gpu_rows_arg(t, values, idx.numel(), "values").contiguous()
     assert t._table is not None
     if isinstance(t, ChunkedTensor):
-        _run(t, t._table, "scatter", idx + t._row_offset if t._row_offset else idx, vals)
+        _run(t, t._table, "scatter", idx.to(torch.int64) + t._row_offset if t._row_offset else idx, vals)
     elif isinstance(t, NCCLTensor):
         if t.comm.size == 1:
             _run(t, t._table, "scatter", idx.to(torch.int64) + t._row_offset, vals)
