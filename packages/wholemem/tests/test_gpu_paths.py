@@ -35,8 +35,10 @@ def test_gpu_requests_raise_clearly_without_a_gpu(comm: wg.Communicator) -> None
         wg.create_wm_tensor(comm, [8], [], torch.float32, T.CHUNKED, device="meta")
     with pytest.raises(TypeError, match="device must be"):
         wg.create_wm_tensor(comm, [8], [], torch.float32, T.CHUNKED, device=2.5)
-    with pytest.raises(ValueError, match="host memory"):
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         wg.Embedding(comm, 4, 2, tensor_type=T.DEVICE)
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        wg.Embedding(comm, 4, 2, tensor_type=T.NCCL, device="cuda")
     # views: a clear error, never a silent CPU tensor
     h = wg.create_wm_tensor(comm, [8, 2], [], torch.float32, T.HOST)
     c = wg.create_wm_tensor(comm, [8, 2], [], torch.float32, T.CHUNKED)
@@ -187,3 +189,23 @@ def test_gpu_tensor_files(comm: wg.Communicator, fake_gpu: Any, tmp_path: Any) -
     n = wg.create_wm_tensor(comm, [10, 3], [], torch.int32, T.NCCL, device="cuda")
     wg.load_from_files(n, tmp_path / "g")
     assert torch.equal(wg.gather(n, torch.arange(10)), data)
+
+
+@pytest.mark.parametrize("ty", [T.CHUNKED, T.NCCL])
+def test_gpu_embedding_routing(comm: wg.Communicator, fake_gpu: Any, ty: Any) -> None:
+    # a GPU-resident table follows the host table step for step (same kernels underneath here)
+    opt = wg.LazyAdam(lr=0.05)
+    ref = wg.Embedding(comm, 12, 3, optimizer=opt, tensor_type=ty, seed=3)
+    gpu = wg.Embedding(comm, 12, 3, optimizer=opt, tensor_type=ty, seed=3, device="cuda")
+    assert gpu.weight.is_gpu and not ref.weight.is_gpu
+    for step in range(3):
+        idx = torch.tensor([step, 5, 5, 11 - step])
+        for emb in (ref, gpu):
+            emb(idx).pow(2).sum().backward()
+            emb.step()
+        assert torch.equal(wg.gather(gpu.weight, torch.arange(12)), wg.gather(ref.weight, torch.arange(12)))
+    assert all(torch.equal(a, b) for a, b in zip(gpu.optimizer_states, ref.optimizer_states))
+    with pytest.raises(IndexError, match="index 12 at position 0"):
+        gpu(torch.tensor([12]))
+    with pytest.raises(TypeError, match="int64 or int32"):
+        gpu(torch.tensor([0.0]))

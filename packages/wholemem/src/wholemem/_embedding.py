@@ -9,11 +9,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import _gpu
 from ._comm import Communicator
 from ._io import load_local, store_local
 from ._layout import local_range, rows_per_rank
-from ._ops import _as_bytes, _check_target, _indices, gather, get_local_tensor
-from ._tensor import WmTensorType, create_wm_tensor
+from ._ops import _as_bytes, _check_target, _device_indices, _indices, gather, get_local_tensor
+from ._tensor import WmTensorType, _WmTensor, create_wm_tensor
 from ._wholemem import Table, optim_update
 
 # The update rules are those of WholeGraph's embedding optimizer kernels (optimizer.cuh),
@@ -108,7 +109,7 @@ class Embedding(nn.Module):
     optimizer : SGD, Adagrad, LazyAdam or RMSProp, optional
         Without one, :meth:`step` raises.
     tensor_type : WmTensorType
-        Storage of the table (HOST, CHUNKED or NCCL).
+        Storage of the table (HOST, CHUNKED, NCCL, or DEVICE on a GPU).
     dtype : torch.dtype
         A floating dtype (16-bit tables keep float32 optimizer state).
     init : torch.Tensor, optional
@@ -117,13 +118,18 @@ class Embedding(nn.Module):
         (the same table for any number of ranks).
     seed : int
         Seed of the default initialisation.
+    device : str or torch.device, optional
+        As for :func:`create_wm_tensor`: ``'cuda'`` keeps the table, its optimizer state
+        and the gradient exchange (NCCL) on the GPU, and runs the CUDA optimizer kernel.
 
     Raises
     ------
     TypeError
         A non-floating dtype or an unknown optimizer.
     ValueError
-        ``init`` of the wrong shape, or ``tensor_type=DEVICE`` (tables live in host memory).
+        ``init`` of the wrong shape, or a GPU table on a communicator that cannot run NCCL.
+    RuntimeError
+        A GPU table without a usable GPU (raised on every rank).
     """
 
     def __init__(
@@ -137,22 +143,28 @@ class Embedding(nn.Module):
         dtype: torch.dtype = torch.float32,
         init: torch.Tensor | None = None,
         seed: int = 0,
+        device: Any = None,
     ) -> None:
         super().__init__()
         if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
             raise TypeError(f"Embedding needs a floating dtype, got {dtype}")
-        if tensor_type is WmTensorType.DEVICE:
-            raise ValueError(
-                "Embedding keeps its table and optimizer state in host memory; use tensor_type HOST, CHUNKED "
-                "or NCCL (GPU-resident embedding tables are not implemented)"
-            )
         if optimizer is not None and not isinstance(optimizer, (SGD, Adagrad, LazyAdam, RMSProp)):
             raise TypeError(f"optimizer must be wholemem SGD, Adagrad, LazyAdam or RMSProp, got {optimizer!r}")
         self.comm = comm
         self.num_embeddings = int(num_embeddings)
         self.embedding_dim = int(embedding_dim)
         self.optimizer = optimizer
-        self.weight = create_wm_tensor(comm, [num_embeddings, embedding_dim], [], dtype, tensor_type)
+        self.weight = create_wm_tensor(comm, [num_embeddings, embedding_dim], [], dtype, tensor_type, device=device)
+        # GPU-resident tables (DEVICE, or device='cuda'): optimizer state next to the rows,
+        # gradients exchanged over the communicator's NCCL group, CUDA optimizer kernel
+        w = self.weight
+        self._gpu = tensor_type is WmTensorType.DEVICE or (isinstance(w, _WmTensor) and w.is_gpu)
+        self._device = w.device
+        if self._gpu:
+            problem = comm.device_group_problem(self._device)
+            if problem:  # the same on every rank
+                raise ValueError(f"a GPU-resident Embedding exchanges gradients with NCCL: {problem}")
+            comm.ensure_device_group(self._device)  # collective
         local, first = get_local_tensor(self.weight)
         with torch.no_grad():
             if init is not None:
@@ -169,14 +181,17 @@ class Embedding(nn.Module):
                     lo, hi = max(first, b * blk), min(first + n, (b + 1) * blk)
                     local[lo - first : hi - first].copy_(rows[lo - b * blk : hi - b * blk])
         acc = _acc_dtype(dtype)
+        dev = local.device
         init_state = optimizer.initial_accumulator_value if isinstance(optimizer, Adagrad) else 0.0
         nstates = optimizer.num_states if optimizer is not None else 0
         self._states = [
-            torch.full((local.shape[0], self.embedding_dim), init_state if i == 0 else 0.0, dtype=acc)
+            torch.full((local.shape[0], self.embedding_dim), init_state if i == 0 else 0.0, dtype=acc, device=dev)
             for i in range(nstates)
         ]
         # LazyAdam: per-row (beta1^t, beta2^t), starting at 1 (t = 0), as WholeGraph's per-embedding state
-        self._row_state = torch.ones((local.shape[0], 2), dtype=acc) if isinstance(optimizer, LazyAdam) else None
+        self._row_state = (
+            torch.ones((local.shape[0], 2), dtype=acc, device=dev) if isinstance(optimizer, LazyAdam) else None
+        )
         self._step = 0
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._anchor = torch.empty(0, requires_grad=True)
@@ -197,7 +212,8 @@ class Embedding(nn.Module):
         RuntimeError
             Library finalized or communicator destroyed.
         """
-        idx = _indices(indices, self.num_embeddings)
+        _check_target(self.weight, "Embedding.forward")
+        idx = _device_indices(self.weight, indices) if self._gpu else _indices(indices, self.num_embeddings)
         out: torch.Tensor = _Lookup.apply(self._anchor, idx, self)
         return out
 
@@ -222,8 +238,21 @@ class Embedding(nn.Module):
 
         n = local.shape[0]
         st = local.stride()
+        be = _gpu.backend()
+        on_device = self._gpu and be.on_device
+        index = -1 if not on_device or local.device.index is None else int(local.device.index)
         return (
-            Table([int(local.data_ptr())], max(1, n), n, self.embedding_dim, st[0], st[1], code_of(local.dtype)),
+            Table(
+                [int(local.data_ptr())],
+                max(1, n),
+                n,
+                self.embedding_dim,
+                st[0],
+                st[1],
+                code_of(local.dtype),
+                on_device,
+                index,
+            ),
             local,
             first,
         )
@@ -246,7 +275,8 @@ class Embedding(nn.Module):
             idx = torch.cat([i.to(torch.int64) for i, _ in self._pending])
             grads = torch.cat([g.reshape(-1, d).to(acc) for _, g in self._pending])
         else:
-            idx, grads = torch.empty(0, dtype=torch.int64), torch.empty((0, d), dtype=acc)
+            dev = self._device
+            idx, grads = torch.empty(0, dtype=torch.int64, device=dev), torch.empty((0, d), dtype=acc, device=dev)
         self._pending.clear()
         comm = self.comm
         rpr = rows_per_rank(self.num_embeddings, comm.size)
@@ -258,14 +288,15 @@ class Embedding(nn.Module):
             sc, rc = sc_t.tolist(), comm.exchange_counts(sc_t).tolist()
             ridx = comm.all_to_all(idx[order], sc, rc)
             rg = comm.all_to_all(_as_bytes(grads[order].contiguous()), sc, rc)
-            rgrads = rg.view(acc).reshape(-1, d) if rg.numel() else torch.empty((0, d), dtype=acc)
+            rgrads = rg.view(acc).reshape(-1, d) if rg.numel() else torch.empty((0, d), dtype=acc, device=rg.device)
         else:
             ridx, rgrads = idx, grads
         uniq, inv = torch.unique(ridx - first, return_inverse=True)
-        summed = torch.zeros((uniq.numel(), d), dtype=acc).index_add_(0, inv, rgrads)
+        summed = torch.zeros((uniq.numel(), d), dtype=acc, device=uniq.device).index_add_(0, inv, rgrads)
         self._step += 1
         rs = self._row_state
         table, _, _ = self._local_table()
+        stream = _gpu.backend().stream(self._device) if table.on_device else 0
         s = self._states
         optim_update(
             opt.kind,
@@ -282,6 +313,7 @@ class Embedding(nn.Module):
             beta1=opt.betas[0] if isinstance(opt, LazyAdam) else 0.0,
             beta2=opt.betas[1] if isinstance(opt, LazyAdam) else 0.0,
             alpha=opt.alpha if isinstance(opt, RMSProp) else 0.0,
+            stream=stream,
         )
         comm.barrier()  # updates are visible before anyone reads rows again
 
