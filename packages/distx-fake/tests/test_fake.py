@@ -42,6 +42,57 @@ def test_fake_cuda_flag_is_scoped_and_nestable() -> None:
     assert repr(z) == "tensor(..., size=(1,), device=cuda:1, fake=True)"
 
 
+def test_to_cuda_under_fake_cuda_without_gpu() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    cuda0 = torch.device("cuda", 0)
+    real = torch.ones(10)
+    with fake.fake_mode(fake_cuda=True):
+        a = torch.ones(10)
+        moved = [a.to("cuda"), a.cuda(), a.cuda(0), a.to(torch.device("cuda")), a.to(device="cuda"), real.to("cuda")]
+        half = a.to("cuda", torch.float16)
+        made = [torch.empty(2, 3, device="cuda"), torch.tensor([1.0, 2.0], device="cuda")]
+        made.append(torch.as_tensor([1, 2], device="cuda"))
+        lin = torch.nn.Linear(4, 5).to("cuda")
+        emb = torch.nn.Embedding(7, 4).cuda()
+        back = moved[0].cpu()
+        x = torch.randn(2, 3, 4, device="cuda", requires_grad=True)
+        # ops on fake CUDA tensors that require grad (autograd without a CUDA runtime aborted
+        # the process before), indexing, .contiguous(), copy_
+        y = lin(x).relu().sum(-1)
+        z = emb(torch.tensor([[1, 2]], device="cuda")).transpose(0, 1).contiguous()
+        w = x[0, :, None, 1:3]
+        x2 = torch.zeros(2, 3, 4, device="cuda")
+        x2[0] = 1.0
+        x2.copy_(x.detach())
+        with torch.no_grad():
+            lin.weight.normal_()
+    for t in moved:
+        assert fake.is_fake(t) and t.device == cuda0 and t.shape == (10,)
+        assert repr(t) == "tensor(..., size=(10,), device=cuda, fake=True)"
+    assert repr(half) == "tensor(..., size=(10,), dtype=torch.float16, device=cuda, fake=True)"
+    assert repr(made[0]) == "tensor(..., size=(2, 3), device=cuda, fake=True)"
+    assert made[1].shape == (2,) and made[1].device == cuda0 and made[2].dtype == torch.int64
+    assert all(fake.is_fake(t) for t in made)
+    for mod in (lin, emb):
+        for p in mod.parameters():
+            assert fake.is_fake(p) and p.device == cuda0 and isinstance(p, torch.nn.Parameter) and p.requires_grad
+    assert (
+        repr(lin.weight)
+        == "Parameter containing:\ntensor(..., size=(5, 4), device=cuda, requires_grad=True, fake=True)"
+    )
+    assert fake.is_fake(back) and back.device == torch.device("cpu")
+    assert y.shape == (2, 3) and y.device == cuda0 and y.requires_grad and fake.is_fake(y)
+    assert z.shape == (2, 1, 4) and z.is_contiguous() and z.device == cuda0
+    assert w.shape == (3, 1, 2) and w.requires_grad
+    assert not x.detach().requires_grad and not torch.zeros_like(x).requires_grad
+    # the flag is undone on exit: torch refuses CUDA again
+    with pytest.raises(RuntimeError):
+        torch.ones(2).to("cuda")
+    with fake.fake_mode(), pytest.raises(RuntimeError):
+        torch.ones(2).to("cuda:0")
+
+
 def test_no_storage_for_huge_tensors_and_ops() -> None:
     before = _rss()
     with fake.fake_mode():

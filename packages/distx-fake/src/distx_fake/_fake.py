@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["FakeDataError", "FakeTensor", "fake_mode", "is_fake", "meta_like"]
@@ -104,8 +105,143 @@ class FakeTensor(torch.Tensor):
         return self._elem.untyped_storage()
 
     @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if _NO_CUDA:
+            if func in _GUARDED and args and isinstance(args[0], FakeTensor):
+                # these bindings set a CUDA device guard before dispatching: call the aten op
+                # (or the Python equivalent) instead
+                with torch._C.DisableTorchFunctionSubclass():
+                    on_cuda = args[0].device.type == "cuda"
+                if on_cuda:
+                    func = _GUARDED[func]
+            if torch.is_grad_enabled() and _cuda_autograd(args, kwargs):
+                return _without_autograd(func, lambda: _plain_call(func, args, kwargs))
+        return _plain_call(func, args, kwargs)
+
+    @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
         return run_fake(func, args, kwargs or {})
+
+
+def _plain_call(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """Call ``func`` as if FakeTensor had no ``__torch_function__`` (results are not converted)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return func(*args, **kwargs)
+
+
+_NO_CUDA = not torch.cuda.is_available()
+
+
+# Tensor methods whose Python binding sets a device guard (which needs the CUDA runtime)
+# before dispatching -> the aten op (no guard; the fake tensor needs none)
+def _basic_index(x: torch.Tensor, index: Any) -> tuple[torch.Tensor, list[Any]]:
+    """Apply the basic part of a Python index with aten view ops; return the advanced part.
+
+    Returns ``(view, indices)`` where ``indices`` is ``[]`` if the index was basic only, else
+    the ``aten.index`` list (``None`` for the dims not indexed by a tensor).
+    """
+    items = list(index) if isinstance(index, tuple) else [index]
+    n_used = sum(1 for i in items if i is not None and i is not Ellipsis and not isinstance(i, bool))
+    out, dim, adv = x, 0, {}
+    for it in items:
+        if it is Ellipsis:
+            dim += x.dim() - n_used
+        elif it is None:
+            out = _aten.unsqueeze.default(out, dim)
+            dim += 1
+        elif isinstance(it, bool):
+            raise IndexError("indexing a fake CUDA tensor with a Python bool is not supported")
+        elif isinstance(it, int):
+            out = _aten.select.int(out, dim, it)
+        elif isinstance(it, slice):
+            step = 1 if it.step is None else it.step
+            out = _aten.slice.Tensor(out, dim, it.start, it.stop, step)
+            dim += 1
+        else:  # tensor or sequence: advanced indexing
+            t = it if isinstance(it, torch.Tensor) else torch.tensor(it, device=_CPU)
+            adv[dim] = t
+            dim += 1
+    if not adv:
+        return out, []
+    return out, [adv.get(d) for d in range(max(adv) + 1)]
+
+
+def _getitem(x: torch.Tensor, index: Any) -> torch.Tensor:
+    out, indices = _basic_index(x, index)
+    return _aten.index.Tensor(out, indices) if indices else out
+
+
+def _setitem(x: torch.Tensor, index: Any, value: Any) -> None:
+    out, indices = _basic_index(x, index)
+    if not isinstance(value, torch.Tensor):
+        value = torch.tensor(value, dtype=x.dtype, device=_CPU)
+    if indices:
+        _aten.index_put_.default(out, indices, value)
+    else:
+        _aten.copy_.default(out, value)
+
+
+def _new_tensor(
+    self: torch.Tensor, data: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False
+) -> Any:
+    t = torch.tensor(data, dtype=dtype or self.dtype, device=_CPU).to(_cuda0(device) or self.device)
+    return t.requires_grad_(True) if requires_grad else t
+
+
+_GUARDED: dict[Any, Any] = {
+    torch.Tensor.contiguous: _aten.contiguous.default,
+    torch.Tensor.copy_: _aten.copy_.default,
+    torch.Tensor.__getitem__: _getitem,
+    torch.Tensor.__setitem__: _setitem,
+    torch.Tensor.new_tensor: _new_tensor,
+}
+
+
+def _cuda_autograd(args: Any, kwargs: dict[str, Any]) -> bool:
+    """Would autograd record an op touching a fake CUDA tensor (or producing one)?
+
+    Without a CUDA runtime, autograd aborts the process when it records a node for a CUDA
+    tensor (it asks the missing CUDA backend for the current stream, in a ``noexcept``
+    function), so such ops run without recording (see :func:`_without_autograd`).
+    """
+    grad = cuda = False
+    with torch._C.DisableTorchFunctionSubclass():  # plain attribute reads below
+        for x in _leaves(args) + (_leaves(kwargs) if kwargs else []):
+            if isinstance(x, torch.Tensor):
+                grad = grad or x.requires_grad
+                cuda = cuda or (isinstance(x, FakeTensor) and x.device.type == "cuda")
+            elif isinstance(x, torch.device):
+                cuda = cuda or x.type == "cuda"
+            elif isinstance(x, str):
+                cuda = cuda or x == "cuda" or x.startswith("cuda:")
+    return grad and cuda
+
+
+_DATA_GETTER = torch._C.TensorBase.__dict__["data"]
+# functions whose outputs never require grad, whatever their inputs
+_NO_GRAD_OUT = {"detach", "detach_", "empty_like", "zeros_like", "ones_like", "full_like", "rand_like"}
+_NO_GRAD_OUT |= {"randn_like", "randint_like", "new_empty", "new_zeros", "new_ones", "new_full", "new_tensor"}
+_NO_GRAD_OUT |= {"new_empty_strided", "requires_grad_"}
+
+
+def _without_autograd(func: Any, call: Any) -> Any:
+    """Run ``call()`` under ``no_grad``; new floating outputs then require grad (as they would).
+
+    Fake tensors hold no values, so the only thing autograd would add is ``grad_fn``;
+    ``requires_grad`` stays as torch would set it (``detach``, ``.data`` and the ``*_like`` /
+    ``new_*`` factories excepted, as in torch).
+    """
+    with torch.no_grad():
+        out = call()
+    if getattr(func, "__name__", "") in _NO_GRAD_OUT or getattr(func, "__self__", None) is _DATA_GETTER:
+        return out
+    with torch._C.DisableTorchFunctionSubclass():
+        for t in _leaves(out):
+            if isinstance(t, FakeTensor) and not t.requires_grad and (t.is_floating_point() or t.is_complex()):
+                with contextlib.suppress(RuntimeError):
+                    t.requires_grad_(True)
+    return out
 
 
 def _to_meta(x: Any) -> Any:
@@ -210,7 +346,8 @@ def run_fake(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     if func in _DATA_READS:
         raise FakeDataError(f"{_NO_DATA} [{func}]")
     dev = _target_device(args, kwargs)
-    if dev.type == "cuda" and not _fake_cuda_enabled() and not torch.cuda.is_available():
+    if dev.type == "cuda" and kwargs.get("device") is not None and not _fake_cuda_enabled() and _NO_CUDA:
+        # creating a CUDA tensor (ops on existing fake CUDA tensors keep working anywhere)
         raise RuntimeError(
             f"{func}: cannot create a tensor on device {str(dev)!r}: CUDA is not available; "
             "use fake_mode(fake_cuda=True) to fake CUDA tensors on this machine"
@@ -275,6 +412,77 @@ class _FakeMode(TorchDispatchMode):
         return run_fake(func, args, kwargs or {})
 
 
+def _cuda0(x: Any) -> Any:
+    """``"cuda"`` / ``torch.device("cuda")`` -> ``cuda:0`` (other values unchanged)."""
+    if isinstance(x, (str, torch.device)):
+        try:
+            dev = torch.device(x)
+        except (RuntimeError, ValueError):
+            return x
+        if dev.type == "cuda" and dev.index is None:
+            return torch.device("cuda", 0)
+    return x
+
+
+def _tensor_cuda(
+    self: torch.Tensor,
+    device: Any = None,
+    non_blocking: bool = False,
+    memory_format: torch.memory_format = torch.preserve_format,
+) -> torch.Tensor:
+    """``Tensor.cuda`` as a ``Tensor.to`` (whose binding does not need a CUDA runtime)."""
+    if device is None:
+        dev = torch.device("cuda", 0)
+    elif isinstance(device, int) and not isinstance(device, bool):
+        dev = torch.device("cuda", device)
+    else:
+        dev = _cuda0(device)
+        if not isinstance(dev, torch.device) or dev.type != "cuda":
+            raise ValueError(f"Tensor.cuda: invalid device {device!r} (expected a CUDA device or index)")
+    return self.to(dev, non_blocking=non_blocking, memory_format=memory_format)
+
+
+_FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
+
+
+class _FakeCudaFunctionMode(TorchFunctionMode):
+    """Lets the Python bindings that need a CUDA runtime fake CUDA tensors without one.
+
+    Active only inside ``fake_mode(fake_cuda=True)`` on a machine without CUDA. torch's
+    bindings of ``Tensor.to("cuda")`` (a device without index), ``Tensor.cuda()`` and
+    ``torch.tensor(..., device="cuda")`` query or copy to the CUDA runtime before any op is
+    dispatched, so they fail before the fake mode sees them; here the device becomes
+    ``cuda:0``, ``.cuda()`` becomes ``.to``, and data-taking factories build the tensor on the
+    CPU first and then move it, which the fake mode answers with a fake CUDA tensor.
+    """
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if not _fake_cuda_enabled():
+            return func(*args, **kwargs)
+        if torch.is_grad_enabled() and _cuda_autograd(args, kwargs):
+            return _without_autograd(func, lambda: self._call(func, args, kwargs))
+        return self._call(func, args, kwargs)
+
+    @staticmethod
+    def _call(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        if func is torch.Tensor.to:
+            args = (args[0], *(_cuda0(a) for a in args[1:]))
+            if "device" in kwargs:
+                kwargs = {**kwargs, "device": _cuda0(kwargs["device"])}
+        elif func is torch.Tensor.cuda:
+            return _tensor_cuda(*args, **kwargs)
+        elif func in _FROM_DATA and kwargs.get("device") is not None:
+            dev = _cuda0(kwargs["device"])
+            if isinstance(dev, torch.device) and dev.type == "cuda":
+                requires_grad = bool(kwargs.get("requires_grad", False))
+                cpu_kwargs = {**kwargs, "device": _CPU}
+                cpu_kwargs.pop("requires_grad", None)
+                out = func(*args, **cpu_kwargs).to(dev)
+                return out.requires_grad_(True) if requires_grad else out
+        return func(*args, **kwargs)
+
+
 _orig_lazy_init = torch.cuda._lazy_init
 
 
@@ -297,13 +505,14 @@ def _fake_ctx(fake_cuda: bool) -> Iterator[None]:
     depth = getattr(_tls, "depth", 0)
     _tls.depth = depth + 1
     try:
-        if depth:
-            # already inside one of our fake modes (maybe under deferred_init's recorder):
-            # pushing another would put it above the recorder and hide ops from it
-            yield
-        else:
-            with _FakeMode():
+        with _FakeCudaFunctionMode() if patched else contextlib.nullcontext():
+            if depth:
+                # already inside one of our fake modes (maybe under deferred_init's recorder):
+                # pushing another would put it above the recorder and hide ops from it
                 yield
+            else:
+                with _FakeMode():
+                    yield
     finally:
         _tls.depth = depth
         stack.pop()
