@@ -175,6 +175,8 @@ def test_killed_writer_leaves_previous_checkpoint(tmp_path: Path) -> None:
             proc.kill()
         output = proc.communicate(timeout=30)[0]
     assert killed, f"writer finished before it could be killed: {output}"
+    stale = [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+    assert len(stale) == 1 and any(n.name.startswith(".distx-owner-rank0") for n in stale[0].iterdir())
     out = {k: torch.zeros(1000) for k in good}
     cp.load_state_dict(out, cp.FileSystemReader(ck))
     for k in good:
@@ -184,6 +186,49 @@ def test_killed_writer_leaves_previous_checkpoint(tmp_path: Path) -> None:
     back = {"t0": torch.zeros(1000)}
     cp.load_state_dict(back, cp.FileSystemReader(ck))
     assert torch.equal(back["t0"], torch.full((1000,), 9.0))
+    # ... and removed the dead writer's temporary folder; nothing else is left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+    assert sorted(p.name for p in ck.iterdir()) == ["metadata.json", "rank0.bin"]
+
+
+def test_stale_tmp_cleanup_only_removes_provably_abandoned(tmp_path: Path) -> None:
+    import json
+    import socket
+
+    from distx_fake import _checkpoint as impl
+
+    ck = tmp_path / "ck"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    me = impl._owner_record()
+
+    def make(name: str, records: list[dict[str, object]]) -> Path:
+        d = tmp_path / f"ck.tmp-{name}"
+        d.mkdir()
+        (d / "rank0.bin").write_bytes(b"x" * 10)
+        for r, rec in enumerate(records):
+            (d / f".distx-owner-rank{r}.json").write_text(json.dumps(rec))
+        return d
+
+    gone = make("dead", [{**me, "pid": dead.pid, "start": "1"}])
+    reused = make("reused", [{**me, "start": "0"}])  # our pid, but a different process start
+    rebooted = make("reboot", [{**me, "boot_id": "another-boot"}])
+    live = make("live", [me])  # a save in progress in this very process
+    mixed = make("mixed", [{**me, "pid": dead.pid}, me])  # one writer still alive
+    remote = make("remote", [{**me, "host": socket.gethostname() + "-other", "pid": dead.pid}])
+    unmarked = make("unmarked", [])
+    garbage = make("garbage", [])
+    (garbage / ".distx-owner-rank0.json").write_text("{not json")
+    other = tmp_path / "other.tmp-dead"  # another checkpoint's folder
+    other.mkdir()
+    (other / ".distx-owner-rank0.json").write_text(json.dumps({**me, "pid": dead.pid}))
+    cp.save_state_dict({"a": torch.ones(3)}, cp.FileSystemWriter(ck))
+    assert not gone.exists() and not reused.exists() and not rebooted.exists()
+    for d in (live, mixed, remote, unmarked, garbage, other):
+        assert d.exists(), d
+    back = {"a": torch.zeros(3)}
+    cp.load_state_dict(back, cp.FileSystemReader(ck))
+    assert torch.equal(back["a"], torch.ones(3))
 
 
 def test_async_save_returns_future_and_snapshots(tmp_path: Path) -> None:

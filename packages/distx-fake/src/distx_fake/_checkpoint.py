@@ -33,6 +33,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -493,6 +494,114 @@ def _open(fname: str, flags: int, direct: bool) -> tuple[int, bool]:
     return os.open(fname, flags, 0o644), False
 
 
+# --------------------------------------------------------------------------------------------
+# ownership markers and stale temporary directories
+# --------------------------------------------------------------------------------------------
+_MARKER_PREFIX = ".distx-owner-rank"
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _proc_start(pid: int) -> str | None:
+    """Start time of ``pid`` (clock ticks since boot) or None if there is no such process.
+
+    A zombie counts as gone: it will never write again.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:
+        return ""  # exists but unreadable
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if fields and fields[0] in ("Z", "X"):
+        return None
+    return fields[19] if len(fields) > 19 else ""
+
+
+def _owner_record() -> dict[str, Any]:
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "boot_id": _boot_id(), "pid": pid, "start": _proc_start(pid) or ""}
+
+
+def _write_marker(tmp: str, rank: int) -> None:
+    """Record which process writes into ``tmp`` (read by :func:`_is_abandoned`)."""
+    with open(os.path.join(tmp, f"{_MARKER_PREFIX}{rank}.json"), "w", encoding="utf-8") as f:
+        json.dump(_owner_record(), f)
+
+
+def _owner_alive(rec: Any) -> bool:
+    """False only if the recorded owner provably no longer runs (same host, pid gone)."""
+    if not isinstance(rec, dict) or rec.get("host") != socket.gethostname():
+        return True  # another host (or garbage): cannot tell
+    boot = _boot_id()
+    if boot and rec.get("boot_id") and rec["boot_id"] != boot:
+        return False  # written before this host rebooted
+    pid = rec.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return True
+    start = _proc_start(pid)
+    if start is None:
+        return False
+    # the pid exists: still the owner unless the pid was reused by a later process
+    return not (start and rec.get("start") and start != rec["start"])
+
+
+def _is_abandoned(tmp: str) -> bool:
+    """True if every process that wrote into ``tmp`` is provably dead on this host."""
+    try:
+        names = [n for n in os.listdir(tmp) if n.startswith(_MARKER_PREFIX)]
+    except OSError:
+        return False
+    if not names:
+        return False  # no owner recorded (foreign folder, or created a moment ago)
+    for n in names:
+        try:
+            with open(os.path.join(tmp, n), encoding="utf-8") as f:
+                rec = json.load(f)
+        except (OSError, ValueError):
+            return False
+        if _owner_alive(rec):
+            return False
+    return True
+
+
+def _clean_stale_tmp(path: str) -> list[str]:
+    """Remove the ``<path>.tmp-*`` folders left by saves whose processes died; return them.
+
+    Only folders whose ownership markers all name processes of this host that no longer run
+    are removed; a live save (here or on another host) and unmarked folders are left alone.
+    """
+    parent, base = os.path.split(path)
+    prefix = base + ".tmp-"
+    removed = []
+    try:
+        names = os.listdir(parent or ".")
+    except OSError:
+        return removed
+    for n in names:
+        full = os.path.join(parent, n)
+        if n.startswith(prefix) and os.path.isdir(full) and not os.path.islink(full) and _is_abandoned(full):
+            shutil.rmtree(full, ignore_errors=True)
+            removed.append(full)
+    return removed
+
+
+def _drop_markers(path: str) -> None:
+    with contextlib.suppress(OSError):
+        for n in os.listdir(path):
+            if n.startswith(_MARKER_PREFIX):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(path, n))
+
+
 def _commit(tmp: str, path: str, sync: bool) -> None:
     parent = os.path.dirname(path) or "."
     if sync:
@@ -563,6 +672,11 @@ def _save(state_dict: dict[Any, Any], writer: FileSystemWriter, comm: _Comm) -> 
         items, values = _plan(state_dict, comm)
     except BaseException as e:  # reported collectively below, then re-raised
         err = e
+    if comm.rank == 0:
+        # a crashed earlier save may have left its temporary folder: remove it if its
+        # writers provably died (never a concurrent live save)
+        with contextlib.suppress(OSError):
+            _clean_stale_tmp(writer.path)
     token = comm.broadcast(secrets.token_hex(8) if comm.rank == 0 else None)
     tmp = f"{writer.path}.tmp-{token}"
     total = sum(it.tensor.numel() * it.tensor.element_size() for it in items)
@@ -570,6 +684,7 @@ def _save(state_dict: dict[Any, Any], writer: FileSystemWriter, comm: _Comm) -> 
     if err is None:
         try:
             os.makedirs(tmp, exist_ok=True)
+            _write_marker(tmp, comm.rank)
             fname = f"rank{comm.rank}.bin"
             chunks = _write_rank_file(os.path.join(tmp, fname), items, writer, bar)
             for c in chunks:
@@ -588,6 +703,7 @@ def _save(state_dict: dict[Any, Any], writer: FileSystemWriter, comm: _Comm) -> 
             try:
                 _write_metadata(tmp, status, values, comm.size, writer)
                 _commit(tmp, writer.path, writer.sync)
+                _drop_markers(writer.path)  # after the commit: the folder is never unowned
             except BaseException as e:
                 commit_err = repr(e)
                 shutil.rmtree(tmp, ignore_errors=True)
