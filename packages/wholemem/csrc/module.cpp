@@ -208,9 +208,11 @@ int cuda_device_count() {
 #endif
 }
 
+#ifndef DISTKIT_WITH_CUDA
 [[noreturn]] void no_cuda(const char* what) {
   throw distkit::Error(distkit::str(what, " needs CUDA, and this build of wholemem has no CUDA support"));
 }
+#endif
 
 }  // namespace
 }  // namespace wholemem
