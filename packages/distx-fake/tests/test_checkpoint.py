@@ -308,6 +308,16 @@ def test_bad_input(tmp_path: Path) -> None:
         cp.FileSystemReader(3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="exceeds global size"):
         cp.LocalShard(torch.ones(3), (4,), (2,))
+    with pytest.raises(ValueError, match="must have 1 dims"):
+        cp.LocalShard(torch.ones(3), (4, 4), (0,))
+    with pytest.raises(TypeError, match="LocalShard.tensor must be a tensor"):
+        cp.LocalShard([1, 2], (2,), (0,))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="path must be"):
+        cp.FileSystemWriter(None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="piece_bytes"):
+        cp.FileSystemWriter(tmp_path, piece_bytes=-4096)
+    with pytest.raises(TypeError, match="state_dict must be a dict"):
+        cp.load_state_dict([torch.ones(1)], cp.FileSystemReader(tmp_path))  # type: ignore[arg-type]
     assert not (tmp_path / "ck").exists()
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         cp.load_state_dict({}, cp.FileSystemReader(tmp_path / "nothing"))
