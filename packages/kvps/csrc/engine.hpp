@@ -18,9 +18,14 @@
 #pragma once
 
 #include <mpi.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdlib>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -42,6 +47,7 @@
 #include "distkit/error.hpp"
 #include "distkit/mpi.hpp"
 #include "distkit/parallel.hpp"
+#include "distkit/shm.hpp"
 
 namespace kvps {
 
@@ -67,8 +73,11 @@ enum MsgType : int32_t {
   M_INTENT_ADD,
   M_INTENT_DROP,
   M_INTENT_ACK,
-  M_RELOC_GRANT,
+  M_RELOC_NOTICE,  // home -> new owner: the key is on its way to you
   M_REPL_GRANT,
+  M_RCHECK,       // replica refresh of an unchanged replica: version only
+  M_RCHECK_RESP,  // the owner's version equals the replica's: nothing changed
+  M_BYE,          // the sender leaves without shutdown()
 };
 
 enum Technique : int { T_ALL = 0, T_REPL_ONLY = 1, T_RELOC_ONLY = 2, T_NONE = 3 };
@@ -110,6 +119,28 @@ struct SpinLock {
   void unlock() { f.clear(std::memory_order_release); }
 };
 
+/// A rank's doorbell in shared memory: node-local peers ring it after every
+/// message they send it, so an idle progress thread sleeps in futex_wait
+/// instead of polling MPI (2 ranks oversubscribed on 2 cores must not spin).
+struct alignas(64) Doorbell {
+  std::atomic<uint32_t> seq{0};
+  std::atomic<uint32_t> sleeping{0};
+  std::atomic<uint32_t> bye{0};  // set by a peer that leaves without shutdown (rank + 1)
+};
+static_assert(sizeof(std::atomic<uint32_t>) == 4, "futex word must be 32 bits");
+
+inline void futex_wait(std::atomic<uint32_t>* w, uint32_t val, long timeout_us) {
+  timespec ts{timeout_us / 1000000, (timeout_us % 1000000) * 1000};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAIT, val, &ts, nullptr, 0);
+}
+inline void futex_wake(std::atomic<uint32_t>* w) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+inline void ring(Doorbell* b) {
+  b->seq.fetch_add(1, std::memory_order_seq_cst);
+  if (b->sleeping.load(std::memory_order_seq_cst)) futex_wake(&b->seq);
+}
+
 /// A lazily committed, zero-filled virtual arena (pages cost memory only once touched).
 class Arena {
  public:
@@ -120,7 +151,9 @@ class Arena {
     if (p == MAP_FAILED) throw distkit::OSError(str("mmap of ", bytes, " bytes for the value arena"), errno);
     p_ = static_cast<char*>(p);
 #ifdef MADV_HUGEPAGE
-    if (bytes >= (size_t(64) << 20)) madvise(p_, bytes, MADV_HUGEPAGE);  // fewer TLB misses on random rows
+    // fewer TLB misses on random rows, and one fault per 2 MiB instead of per
+    // 4 KiB when keys first arrive here (relocations touch fresh rows)
+    if (bytes >= (size_t(8) << 20)) madvise(p_, bytes, MADV_HUGEPAGE);
 #endif
   }
   ~Arena() {
@@ -158,7 +191,7 @@ struct Cmd {
   std::vector<int64_t> keys, pos;
   std::vector<char> vals;
 };
-enum CmdType : int32_t { C_LOCALIZE = 100, C_INTENT, C_SYNC, C_DUMP };
+enum CmdType : int32_t { C_LOCALIZE = 100, C_INTENT, C_SYNC, C_DUMP, C_BYE };
 
 struct PendingOp {
   int32_t type;
@@ -202,6 +235,8 @@ class Engine {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     isz_ = distkit::itemsize(dtype_);
+    use_mask_ = size_ <= 64;
+
     len_.assign(lengths, lengths + num_keys);
     off_.resize(num_keys + 1);
     off_[0] = 0;
@@ -217,19 +252,17 @@ class Engine {
       }
     vals_ = Arena(static_cast<size_t>(off_[num_keys] * isz_) + 64);
     delta_ = Arena(static_cast<size_t>(off_[num_keys] * isz_) + 64);
-    state_.assign(num_keys, NOT_HERE);
-    flags_.assign(num_keys, 0);
-    hint_.resize(num_keys);
-    owner_.resize(num_keys);
-    want_.assign(num_keys, 0);
+    meta_.reset(new Meta[static_cast<size_t>(num_keys)]);
     for (int64_t k = 0; k < num_keys; ++k) {
       int h = home(k);
-      hint_[k] = h;
-      owner_[k] = h;
-      if (h == rank_) state_[k] = OWNED;
+      meta_[k].hint = h;
+      meta_[k].owner = h;
+      if (h == rank_) meta_[k].state = OWNED;
     }
     clocks_ = std::vector<std::atomic<int64_t>>(num_workers);
     for (auto& c : clocks_) c.store(0);
+    synced_ = std::vector<std::atomic<int64_t>>(num_workers);
+    for (auto& c : synced_) c.store(0);
     worker_ts_.resize(num_workers);
     pending_intents_.resize(num_workers);
     active_intents_.resize(num_workers);
@@ -237,8 +270,40 @@ class Engine {
       using T = decltype(tag);
       add_ = &add_values<T>;
     });
+    setup_doorbells();
     running_ = true;
     thread_ = std::thread([this] { loop(); });
+  }
+
+  /// Collective: every rank maps the doorbells of its node-local peers.
+  void setup_doorbells() {
+    bell_seg_ = distkit::ShmSegment::create(4096);
+    mybell_ = new (bell_seg_.data()) Doorbell();
+    bells_.assign(size_, nullptr);
+    bells_[rank_] = mybell_;
+    MPI_Comm node;
+    distkit::mpi::check(MPI_Comm_split_type(coll_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
+                        "MPI_Comm_split_type");
+    int nsize = 0;
+    MPI_Comm_size(node, &nsize);
+    constexpr int kName = 64;
+    char mine[kName] = {0};
+    std::snprintf(mine, kName, "%s", bell_seg_.name().c_str());
+    std::vector<char> names(static_cast<size_t>(nsize) * kName);
+    std::vector<int> ranks(nsize);
+    distkit::mpi::check(MPI_Allgather(mine, kName, MPI_CHAR, names.data(), kName, MPI_CHAR, node), "MPI_Allgather");
+    distkit::mpi::check(MPI_Allgather(&rank_, 1, MPI_INT, ranks.data(), 1, MPI_INT, node), "MPI_Allgather");
+    for (int i = 0; i < nsize; ++i) {
+      if (ranks[i] == rank_) continue;
+      std::string nm(names.data() + static_cast<size_t>(i) * kName);
+      peer_segs_.push_back(distkit::ShmSegment::open(nm, 4096));
+      bells_[ranks[i]] = static_cast<Doorbell*>(peer_segs_.back().data());
+    }
+    MPI_Barrier(node);  // everybody mapped every doorbell: drop the names
+    bell_seg_.unlink();
+    MPI_Comm_free(&node);
+    // peers on other nodes cannot ring: poll MPI every 100 us when idle then
+    idle_timeout_us_ = nsize == size_ ? 5000 : 100;
   }
 
   ~Engine() { stop(); }
@@ -252,7 +317,7 @@ class Engine {
   int key_state(int64_t k) {
     auto& l = lock_of(k);
     l.lock();
-    int s = state_[k];
+    int s = meta_[k].state;
     l.unlock();
     return s;
   }
@@ -290,7 +355,7 @@ class Engine {
         if (i + kAhead < hi) {
           const int64_t kp = keys[i + kAhead];
           __builtin_prefetch(arena + (uni ? kp * L : off_[kp]) * isz_);
-          __builtin_prefetch(&state_[kp]);
+          __builtin_prefetch(&meta_[kp].state);
         }
         const int64_t k = keys[i];
         const int64_t len = uni ? L : len_[k];
@@ -300,15 +365,21 @@ class Engine {
         char* slot = arena + eoff * isz_;
         auto& l = lock_of(k);
         l.lock();
-        const uint8_t st = state_[k];
+        const uint8_t st = meta_[k].state;
         if (st == OWNED || (st == REPLICA && op != M_SET)) {
           if (op == M_PULL) {
             std::memcpy(v, slot, bytes);
           } else if (op == M_SET) {
             std::memcpy(slot, v, bytes);
+            ++meta_[k].ver;
           } else {
             add_(slot, v, len);
-            if (st == REPLICA) add_(darena + eoff * isz_, v, len);
+            if (st == REPLICA) {
+              add_(darena + eoff * isz_, v, len);
+              meta_[k].dirty = 1;
+            } else {
+              ++meta_[k].ver;
+            }
           }
           l.unlock();
         } else {
@@ -394,6 +465,15 @@ class Engine {
     cmd.worker = worker;
     cmd.a = c + 2;  // (a == 1 marks a reset; offset keeps clock values clear of it)
     post(std::move(cmd));
+    // Back-pressure: a worker may run at most one sync round ahead of its
+    // progress engine. Otherwise a worker whose pulls are all local (what
+    // intent achieves) takes the CPU from the engine on an oversubscribed
+    // node, relocations fall behind and the keys are not local when needed.
+    if (c > 1 && synced_[worker].load() < c - 1) {
+      std::unique_lock<std::mutex> lk(clock_mu_);
+      clock_cv_.wait_for(lk, std::chrono::seconds(1),
+                         [&] { return synced_[worker].load() >= c - 1 || failed_ || !running_.load(); });
+    }
     return c;
   }
   int64_t current_clock(int worker) const { return clocks_[worker].load(); }
@@ -438,7 +518,7 @@ class Engine {
       }
     }
     reqs_.erase(ts);
-    if (failed_ && !req->done) throw distkit::Error("kvps progress engine failed: " + error_);
+    if (failed_ && !req->done) throw distkit::Error(error_);
   }
 
   void waitall(int worker) {
@@ -466,7 +546,7 @@ class Engine {
     while (true) {
       distkit::mpi::check(MPI_Test(&r, &flag, MPI_STATUS_IGNORE), "MPI_Test");
       if (flag) break;
-      if (failed_) throw distkit::Error("kvps progress engine failed: " + error_);
+      if (failed_) throw distkit::Error(error_);
       if (++spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
@@ -491,7 +571,7 @@ class Engine {
   std::vector<int64_t> owned_keys() {
     std::vector<int64_t> out;
     for (int64_t k = 0; k < num_keys_; ++k)
-      if (state_[k] == OWNED) out.push_back(k);
+      if (meta_[k].state == OWNED) out.push_back(k);
     return out;
   }
   void read_local(const int64_t* keys, int64_t n, char* out) {
@@ -528,25 +608,39 @@ class Engine {
     wait(ts);
   }
 
+  /// Leave without shutdown() (interpreter exit): tell every peer, so that
+  /// their pending and further operations fail at once instead of hanging.
+  void abandon() {
+    if (!running_.load()) return;
+    Cmd c;
+    c.type = C_BYE;
+    post(std::move(c));
+    for (int i = 0; i < 500 && !bye_sent_.load() && !failed_; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    stop();
+  }
+
   /// Ignore replica/relocation grants from now on (the first step of shutdown).
   void begin_shutdown() { shutting_down_ = true; }
 
   void stop() {
     if (!running_.exchange(false)) return;
-    {
-      std::lock_guard<std::mutex> lk(cmd_mu_);
-      cmd_cv_.notify_all();
-    }
+    if (mybell_) ring(mybell_);
     if (thread_.joinable()) thread_.join();
+    prof_print();
   }
 
-  int64_t num_replicas() const { return static_cast<int64_t>(replicas_.size()); }
+  int64_t num_replicas() {
+    int64_t n = 0;
+    for (int64_t k : rlist_) n += key_state(k) == REPLICA;
+    return n;
+  }
 
  private:
-  SpinLock& lock_of(int64_t k) { return locks_[static_cast<size_t>(k) & (kStripes - 1)]; }
+  SpinLock& lock_of(int64_t k) { return meta_[k].lock; }
 
   void check_alive() {
-    if (failed_) throw distkit::Error("kvps progress engine failed: " + error_);
+    if (failed_) throw distkit::Error(error_);
     check<distkit::Error>(running_.load(), "the kvps server was shut down");
   }
 
@@ -563,9 +657,12 @@ class Engine {
   }
 
   void post(Cmd&& c) {
-    std::lock_guard<std::mutex> lk(cmd_mu_);
-    cmds_.push_back(std::move(c));
-    cmd_cv_.notify_one();
+    {
+      std::lock_guard<std::mutex> lk(cmd_mu_);
+      cmds_.push_back(std::move(c));
+      has_cmds_.store(true);
+    }
+    ring(mybell_);
   }
 
   // ----------------------------------------------------------- completion
@@ -597,10 +694,19 @@ class Engine {
   }
 
   // ---------------------------------------------------------- messaging
-  using Outbox = std::map<std::tuple<int, int32_t, int32_t, int64_t>, Builder>;
+  using OutKey = std::tuple<int, int32_t, int32_t, int64_t>;
+  struct Outbox {
+    std::map<OutKey, Builder> m;
+    OutKey last{-1, 0, 0, 0};
+    Builder* lb = nullptr;  // consecutive keys mostly go to the same message
+  };
 
   Builder& out(Outbox& ob, int dest, int32_t type, int32_t origin, int64_t ts) {
-    return ob[std::make_tuple(dest, type, origin, ts)];
+    OutKey key{dest, type, origin, ts};
+    if (ob.lb && key == ob.last) return *ob.lb;
+    ob.last = key;
+    ob.lb = &ob.m[key];
+    return *ob.lb;
   }
 
   void add_key(Builder& b, int64_t k, int64_t pos, const char* val) {
@@ -610,11 +716,12 @@ class Engine {
   }
 
   void flush(Outbox& ob) {
-    for (auto& [key, b] : ob) {
+    for (auto& [key, b] : ob.m) {
       auto [dest, type, origin, ts] = key;
       send(dest, type, origin, ts, b);
     }
-    ob.clear();
+    ob.m.clear();
+    ob.lb = nullptr;
   }
 
   void send(int dest, int32_t type, int32_t origin, int64_t ts, const Builder& b) {
@@ -636,6 +743,7 @@ class Engine {
     distkit::mpi::check(MPI_Isend(buf->data(), static_cast<int>(bytes), MPI_BYTE, dest, kTag, comm_, &r), "MPI_Isend");
     sends_.push_back(r);
     send_bufs_.push_back(std::move(buf));
+    if (dest != rank_ && bells_[dest]) ring(bells_[dest]);
   }
 
   void test_sends() {
@@ -659,19 +767,26 @@ class Engine {
 
   // --------------------------------------------------------- progress loop
   void loop() {
+    if (prof_) prof_cpu0_ = cpu_now();
     int idle = 0;
     std::vector<char> rbuf;
     try {
       while (running_.load() || !sends_.empty()) {
         bool did = false;
-        std::deque<Cmd> cmds;
-        {
-          std::lock_guard<std::mutex> lk(cmd_mu_);
-          cmds.swap(cmds_);
-        }
-        for (auto& c : cmds) {
-          handle_cmd(c);
-          did = true;
+        if (has_cmds_.load()) {
+          std::deque<Cmd> cmds;
+          {
+            std::lock_guard<std::mutex> lk(cmd_mu_);
+            cmds.swap(cmds_);
+            has_cmds_.store(false);
+          }
+          for (auto& c : cmds) {
+            auto t0 = std::chrono::steady_clock::now();
+            if (prof_) prof_cpu_ = cpu_now();
+            handle_cmd(c);
+            prof_add(c.type, t0, 0);
+            did = true;
+          }
         }
         for (int i = 0; i < 64; ++i) {
           int flag = 0;
@@ -683,32 +798,83 @@ class Engine {
           rbuf.resize(static_cast<size_t>(count));
           distkit::mpi::check(MPI_Recv(rbuf.data(), count, MPI_BYTE, st.MPI_SOURCE, kTag, comm_, MPI_STATUS_IGNORE),
                               "MPI_Recv");
+          // a large (rendezvous) send completes at its sender only once the
+          // sender polls again: wake it
+          if (count > 4096 && st.MPI_SOURCE != rank_ && bells_[st.MPI_SOURCE]) ring(bells_[st.MPI_SOURCE]);
+          auto t0 = std::chrono::steady_clock::now();
+          if (prof_) prof_cpu_ = cpu_now();
           handle_msg(st.MPI_SOURCE, rbuf.data());
+          int32_t mt;
+          std::memcpy(&mt, rbuf.data(), 4);
+          prof_add(mt, t0, count);
           did = true;
         }
         test_sends();
         check_sync_waiters();
-        if (!running_.load()) {
-          if (!sends_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(20));
-          continue;
-        }
         if (did) {
           idle = 0;
-        } else if (!sends_.empty()) {
-          // large sends progress only while we call into MPI: keep polling
-          std::this_thread::yield();
-        } else if (++idle > 200) {
-          const int us = std::min(50 * (idle - 200) + 20, 500);
-          std::unique_lock<std::mutex> lk(cmd_mu_);
-          cmd_cv_.wait_for(lk, std::chrono::microseconds(us), [&] { return !cmds_.empty() || !running_.load(); });
+          continue;
         }
+        if (!running_.load()) {
+          // draining the last sends of a stopped engine (bounded: a peer that
+          // is gone never completes a large send)
+          if (drain_start_.time_since_epoch().count() == 0) drain_start_ = std::chrono::steady_clock::now();
+          if (std::chrono::steady_clock::now() - drain_start_ > std::chrono::seconds(failed_ ? 1 : 10)) break;
+          if (!sends_.empty()) futex_wait(&mybell_->seq, mybell_->seq.load(), 50);
+          continue;
+        }
+        if (++idle < 8) continue;  // a short spin catches replies in flight
+        // sleep until a worker posts a command or a node-local peer sends a
+        // message (both ring the doorbell); peers on other nodes and pending
+        // large sends are polled on a timeout
+        mybell_->sleeping.store(1, std::memory_order_seq_cst);
+        const uint32_t seq = mybell_->seq.load(std::memory_order_seq_cst);
+        int flag = 0;
+        distkit::mpi::check(MPI_Iprobe(MPI_ANY_SOURCE, kTag, comm_, &flag, MPI_STATUS_IGNORE), "MPI_Iprobe");
+        if (!flag && !has_cmds_.load() && running_.load()) {
+          futex_wait(&mybell_->seq, seq, sends_.empty() ? idle_timeout_us_ : 50);
+        }
+        mybell_->sleeping.store(0, std::memory_order_seq_cst);
+        idle = 0;
       }
+      if (prof_) prof_total_ = cpu_now() - prof_cpu0_;
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lk(req_mu_);
-      error_ = e.what();
+      error_ = std::string("kvps progress engine failed: ") + e.what();
       failed_ = true;
       std::fprintf(stderr, "kvps rank %d: progress engine failed: %s\n", rank_, e.what());
       req_cv_.notify_all();
+    }
+  }
+
+  static double cpu_now() {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
+  }
+  void prof_add(int32_t t, std::chrono::steady_clock::time_point t0, int64_t bytes) {
+    if (!prof_) return;
+    auto& e = prof_tab_[t];
+    e[0] += 1;
+    e[1] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e6;
+    e[2] += bytes;
+    const double c = cpu_now();
+    e[3] += c - prof_cpu_;
+    prof_cpu_ = c;
+  }
+  void prof_print() {
+    if (!prof_) return;
+    for (auto& [t, e] : prof_tab_)
+      std::fprintf(stderr, "kvps prof rank %d type %d: n=%.0f us=%.0f cpu_us=%.0f bytes=%.0f\n", rank_, t, e[0], e[1],
+                   e[3], e[2]);
+    std::fprintf(stderr, "kvps prof rank %d: progress thread cpu total %.0f us\n", rank_, prof_total_);
+    prof_tab_.clear();
+    if (!lat_.empty()) {
+      std::sort(lat_.begin(), lat_.end());
+      auto q = [&](double f) { return lat_[static_cast<size_t>(f * (lat_.size() - 1))] * 1e3; };
+      std::fprintf(stderr, "kvps prof rank %d: %zu relocations notice->handover ms p50 %.2f p90 %.2f p99 %.2f max %.2f\n",
+                   rank_, lat_.size(), q(0.5), q(0.9), q(0.99), q(1.0));
+      lat_.clear();
     }
   }
 
@@ -719,7 +885,7 @@ class Engine {
       std::lock_guard<std::mutex> lk(req_mu_);
       pending = internal_pending_;
     }
-    if (pending) return;
+    if (pending || noticed_pending_) return;
     auto w = std::move(sync_waiters_);
     sync_waiters_.clear();
     for (int64_t ts : w) complete(ts, 1);
@@ -731,13 +897,17 @@ class Engine {
       const char* v = c.vals.data();
       for (size_t i = 0; i < c.keys.size(); ++i) {
         int64_t k = c.keys[i];
-        add_key(out(ob, hint_[k], c.type, rank_, c.ts), k, c.pos[i], c.type == M_PULL ? nullptr : v);
+        add_key(out(ob, meta_[k].hint, c.type, rank_, c.ts), k, c.pos[i], c.type == M_PULL ? nullptr : v);
         if (c.type != M_PULL) v += len_[k] * isz_;
       }
     } else if (c.type == C_LOCALIZE) {
       start_localize(c.keys, c.ts, ob);
     } else if (c.type == C_DUMP) {
       dump();
+    } else if (c.type == C_BYE) {
+      for (int d = 0; d < size_; ++d)
+        if (d != rank_) send(d, M_BYE, rank_, 0, Builder{});
+      bye_sent_ = true;
     } else if (c.type == C_INTENT) {
       pending_intents_[c.worker].insert({c.a, IntentEntry{c.a, c.b, std::move(c.keys)}});
       process_intents(c.worker, ob);
@@ -751,24 +921,38 @@ class Engine {
       // advance_clock refreshes replicas every sync_every clocks; wait_sync always
       if (c.worker < 0 || (c.a - 2) % sync_every_ == 0) sync_replicas(ob);
       if (c.ts >= 0) sync_waiters_.push_back(c.ts);
+      if (c.worker >= 0) {
+        complete_done();
+        flush(ob);
+        {
+          std::lock_guard<std::mutex> lk(clock_mu_);
+          synced_[c.worker].store(c.a - 2);
+        }
+        clock_cv_.notify_all();
+        return;
+      }
     }
+    complete_done();
     flush(ob);
   }
 
   void dump() {
-    std::fprintf(stderr, "kvps rank %d: %zu keys with queued ops, %zu keys awaited, %zu replicas, %zu sync waiters\n", rank_,
-                 pending_.size(), waiters_.size(), replicas_.size(), sync_waiters_.size());
+    std::fprintf(stderr,
+                 "kvps rank %d: %zu keys with queued ops, %zu keys awaited, %lld noticed keys awaited, %zu replicas, "
+                 "%zu sync waiters\n",
+                 rank_, pending_.size(), waiters_.size(), static_cast<long long>(noticed_pending_), rlist_.size(),
+                 sync_waiters_.size());
     int shown = 0;
     for (auto& [k, ops] : pending_) {
       if (++shown > 5) break;
       std::fprintf(stderr, "  key %lld state %d flags %d: %zu queued ops (first type %d from %d)\n",
-                   static_cast<long long>(k), state_[k], flags_[k], ops.size(), ops[0].type, ops[0].origin);
+                   static_cast<long long>(k), meta_[k].state, meta_[k].flags, ops.size(), ops[0].type, ops[0].origin);
     }
     shown = 0;
     for (auto& [k, ts] : waiters_) {
       if (++shown > 5) break;
       std::fprintf(stderr, "  key %lld state %d flags %d awaited by %zu requests, home %d owner-dir %d hint %d\n",
-                   static_cast<long long>(k), state_[k], flags_[k], ts.size(), home(k), owner_[k], hint_[k]);
+                   static_cast<long long>(k), meta_[k].state, meta_[k].flags, ts.size(), home(k), meta_[k].owner, meta_[k].hint);
     }
     std::lock_guard<std::mutex> lk(req_mu_);
     shown = 0;
@@ -785,19 +969,19 @@ class Engine {
     for (int64_t k : keys) {
       auto& l = lock_of(k);
       l.lock();
-      uint8_t st = state_[k];
+      uint8_t st = meta_[k].state;
       if (st == OWNED) {
         l.unlock();
         ++already;
         continue;
       }
-      const bool was_incoming = st == INCOMING || (flags_[k] & F_INCOMING);
+      const bool was_incoming = st == INCOMING || (meta_[k].flags & F_INCOMING);
       if (!was_incoming) {
         // a replica keeps serving local reads/pushes until the value arrives
         if (st == REPLICA) {
-          flags_[k] |= F_INCOMING;
+          meta_[k].flags |= F_INCOMING;
         } else {
-          state_[k] = INCOMING;
+          meta_[k].state = INCOMING;
         }
       }
       l.unlock();
@@ -817,7 +1001,7 @@ class Engine {
       pend.erase(pend.begin());
       if (e.end <= c) continue;
       for (int64_t k : e.keys)
-        if (want_[k]++ == 0) add.push_back(k);
+        if (meta_[k].want++ == 0) add.push_back(k);
       int64_t end = e.end;
       act.insert({end, std::move(e)});
     }
@@ -825,23 +1009,25 @@ class Engine {
       IntentEntry e = std::move(act.begin()->second);
       act.erase(act.begin());
       for (int64_t k : e.keys)
-        if (--want_[k] == 0) drop.push_back(k);
+        if (--meta_[k].want == 0) drop.push_back(k);
     }
     if (!add.empty()) send_intent(M_INTENT_ADD, add, ob);
     if (!drop.empty()) {
       std::vector<int64_t> flushk;
       for (int64_t k : drop) {
-        if (want_[k] != 0) continue;  // re-added in this round
+        if (meta_[k].want != 0) continue;  // re-added in this round
         auto& l = lock_of(k);
         l.lock();
-        if (state_[k] == REPLICA && !(flags_[k] & F_INCOMING)) {
-          state_[k] = NOT_HERE;
-          flags_[k] &= ~F_DELTA;
-          replicas_.erase(k);
-          flushk.push_back(k);
-          Builder& b = flush_builder_;
-          add_key(b, k, 0, delta_.data() + off_[k] * isz_);
-          std::memset(delta_.data() + off_[k] * isz_, 0, len_[k] * isz_);
+        if (meta_[k].state == REPLICA && !(meta_[k].flags & F_INCOMING)) {
+          meta_[k].state = NOT_HERE;
+          meta_[k].flags &= ~F_DELTA;
+          if (meta_[k].dirty) {  // a clean replica has nothing to give back
+            meta_[k].dirty = 0;
+            flushk.push_back(k);
+            Builder& b = flush_builder_;
+            add_key(b, k, 0, delta_.data() + off_[k] * isz_);
+            std::memset(delta_.data() + off_[k] * isz_, 0, len_[k] * isz_);
+          }
         }
         l.unlock();
       }
@@ -850,7 +1036,7 @@ class Engine {
         std::map<int, Builder> per;
         const char* v = flush_builder_.vals.data();
         for (int64_t k : flushk) {
-          add_key(per[hint_[k]], k, 0, v);
+          add_key(per[meta_[k].hint], k, 0, v);
           v += len_[k] * isz_;
         }
         flush_builder_ = Builder{};
@@ -876,43 +1062,69 @@ class Engine {
     }
   }
 
+  /// Replica refresh: a replica pushed since its last sync ships its delta
+  /// (the owner answers with the new value); a clean one sends only its
+  /// version, and the owner answers with the value only if it changed.
   void sync_replicas(Outbox& ob) {
-    if (replicas_.empty()) return;
-    std::map<int, Builder> per;
-    for (int64_t k : replicas_) {
-      if (flags_[k] & (F_SYNCING | F_INCOMING)) continue;
+    if (rlist_.empty()) return;
+    std::map<int, Builder> dirty, clean;
+    size_t w = 0;
+    for (size_t i = 0; i < rlist_.size(); ++i) {  // drop keys that stopped being replicas
+      const int64_t k = rlist_[i];
+      if (meta_[k].state == REPLICA) {
+        rlist_[w++] = k;
+      } else {
+        meta_[k].in_rlist = 0;
+      }
+    }
+    rlist_.resize(w);
+    for (int64_t k : rlist_) {
+      if (meta_[k].flags & (F_SYNCING | F_INCOMING)) continue;
       auto& l = lock_of(k);
       l.lock();
-      if (state_[k] == REPLICA) {
-        flags_[k] |= F_SYNCING;
-        char* d = delta_.data() + off_[k] * isz_;
-        add_key(per[hint_[k]], k, 0, d);
-        std::memset(d, 0, len_[k] * isz_);
+      if (meta_[k].state == REPLICA) {
+        meta_[k].flags |= F_SYNCING;
+        if (meta_[k].dirty) {
+          meta_[k].dirty = 0;
+          char* d = delta_.data() + off_[k] * isz_;
+          add_key(dirty[meta_[k].hint], k, meta_[k].ver, d);
+          std::memset(d, 0, len_[k] * isz_);
+        } else {
+          add_key(clean[meta_[k].hint], k, meta_[k].ver, nullptr);
+        }
       }
       l.unlock();
     }
-    for (auto& [dest, b] : per) {
-      int64_t ts = new_internal(static_cast<int64_t>(b.keys.size()));
-      Builder& o = out(ob, dest, M_RSYNC, rank_, ts);
-      o = std::move(b);
+    for (auto* per : {&dirty, &clean}) {
+      for (auto& [dest, b] : *per) {
+        int64_t ts = new_internal(static_cast<int64_t>(b.keys.size()));
+        Builder& o = out(ob, dest, per == &dirty ? M_RSYNC : M_RCHECK, rank_, ts);
+        o = std::move(b);
+      }
     }
   }
 
   void do_reset() {
     for (int64_t k = 0; k < num_keys_; ++k) {
       int h = home(k);
-      hint_[k] = h;
-      owner_[k] = h;
-      state_[k] = h == rank_ ? OWNED : NOT_HERE;
-      flags_[k] = 0;
-      want_[k] = 0;
+      meta_[k].hint = h;
+      meta_[k].owner = h;
+      meta_[k].state = h == rank_ ? OWNED : NOT_HERE;
+      meta_[k].flags = 0;
+      meta_[k].want = 0;
       if (h != rank_) {
         // drop stale replica/foreign values so the arena does not keep pages
         std::memset(delta_.data() + off_[k] * isz_, 0, len_[k] * isz_);
       }
     }
-    replicas_.clear();
+    noticed_pending_ = 0;
+    rlist_.clear();
+    for (int64_t k = 0; k < num_keys_; ++k) meta_[k].in_rlist = 0;
     intenders_.clear();
+    for (int64_t k = 0; k < num_keys_; ++k) {
+      meta_[k].imask = 0;
+      meta_[k].dirty = 0;
+    }
     waiters_.clear();
     pending_.clear();
     for (auto& p : pending_intents_) p.clear();
@@ -934,6 +1146,7 @@ class Engine {
       case M_IPUSH:
       case M_FETCH:
       case M_RSYNC:
+      case M_RCHECK:
         for (int64_t i = 0; i < h.n; ++i) {
           const int64_t k = keys[i];
           serve(h.type, h.origin, h.ts, pos[i], k, carries_values(h.type) ? v : nullptr, ob);
@@ -951,28 +1164,30 @@ class Engine {
           const int64_t k = keys[i];
           if (req) std::memcpy(req->out + req->out_off[pos[i]], v, len_[k] * isz_);
           v += len_[k] * isz_;
-          hint_[k] = src;
+          meta_[k].hint = src;
         }
         complete(h.ts, h.n);
         break;
       }
       case M_ACK:
-        for (int64_t i = 0; i < h.n; ++i) hint_[keys[i]] = src;
+        for (int64_t i = 0; i < h.n; ++i) meta_[keys[i]].hint = src;
         complete(h.ts, h.n);
         break;
       case M_FETCH_RESP:
         for (int64_t i = 0; i < h.n; ++i) {
           const int64_t k = keys[i];
-          hint_[k] = src;
-          flags_[k] &= ~F_FETCHING;
+          meta_[k].hint = src;
+          meta_[k].flags &= ~F_FETCHING;
           auto& l = lock_of(k);
           l.lock();
-          if (state_[k] == NOT_HERE && want_[k] > 0 && !shutting_down_) {
+          if (meta_[k].state == NOT_HERE && meta_[k].want > 0 && !shutting_down_) {
             std::memcpy(vals_.data() + off_[k] * isz_, v, len_[k] * isz_);
             std::memset(delta_.data() + off_[k] * isz_, 0, len_[k] * isz_);
-            flags_[k] |= F_DELTA;
-            state_[k] = REPLICA;
-            replicas_.insert(k);
+            meta_[k].ver = static_cast<uint32_t>(pos[i]);
+            meta_[k].dirty = 0;
+            meta_[k].flags |= F_DELTA;
+            meta_[k].state = REPLICA;
+            add_replica(k);
           }
           l.unlock();
           v += len_[k] * isz_;
@@ -982,31 +1197,51 @@ class Engine {
       case M_RSYNC_RESP:
         for (int64_t i = 0; i < h.n; ++i) {
           const int64_t k = keys[i];
-          hint_[k] = src;
-          flags_[k] &= ~F_SYNCING;
+          meta_[k].hint = src;
+          meta_[k].flags &= ~F_SYNCING;
           auto& l = lock_of(k);
           l.lock();
-          if (state_[k] == REPLICA) {
+          if (meta_[k].state == REPLICA) {
             char* slot = vals_.data() + off_[k] * isz_;
             std::memcpy(slot, v, len_[k] * isz_);
-            add_(slot, delta_.data() + off_[k] * isz_, len_[k]);
+            add_(slot, delta_.data() + off_[k] * isz_, len_[k]);  // local pushes since the request
+            meta_[k].ver = static_cast<uint32_t>(pos[i]);
           }
           l.unlock();
           v += len_[k] * isz_;
         }
         complete(h.ts, h.n);
         break;
+      case M_BYE: {
+        std::lock_guard<std::mutex> lk(req_mu_);
+        if (!failed_) {
+          error_ = str("kvps rank ", src, " exited without calling Server.shutdown(): the parameter server lost ",
+                       "its shard, so pending and further operations on rank ", rank_, " fail");
+          failed_ = true;
+        }
+        req_cv_.notify_all();
+        break;
+      }
+      case M_RCHECK_RESP:
+        for (int64_t i = 0; i < h.n; ++i) {
+          meta_[keys[i]].hint = src;
+          meta_[keys[i]].flags &= ~F_SYNCING;
+        }
+        complete(h.ts, h.n);
+        break;
       case M_LOCALIZE:
         for (int64_t i = 0; i < h.n; ++i) {
           const int64_t k = keys[i];
-          const int prev = owner_[k];
-          if (prev == h.origin) {
-            std::fprintf(stderr, "kvps rank %d: localize of key %lld by its owner %d ignored\n", rank_,
-                         static_cast<long long>(k), prev);
-            continue;
+          // already on its way to the requester (an intent relocated it): its
+          // handover completes the requester's wait
+          if (meta_[k].owner == h.origin) continue;
+          const int prev = meta_[k].owner;
+          meta_[k].owner = h.origin;
+          if (prev == rank_) {
+            serve(M_TRANSFER, h.origin, 0, h.origin, k, nullptr, ob);
+          } else {
+            add_key(out(ob, prev, M_TRANSFER, rank_, 0), k, h.origin, nullptr);
           }
-          owner_[k] = h.origin;
-          add_key(out(ob, prev, M_TRANSFER, rank_, 0), k, h.origin, nullptr);
         }
         break;
       case M_TRANSFER:
@@ -1015,7 +1250,7 @@ class Engine {
       case M_HANDOVER:
         for (int64_t i = 0; i < h.n; ++i) {
           const int64_t k = keys[i];
-          handover(k, v, ob);
+          handover(k, v, static_cast<uint32_t>(pos[i]), ob);
           v += len_[k] * isz_;
         }
         break;
@@ -1028,25 +1263,18 @@ class Engine {
       case M_INTENT_ACK:
         complete(h.ts, 1);
         break;
-      case M_RELOC_GRANT: {
-        std::vector<int64_t> todo;
-        for (int64_t i = 0; i < h.n; ++i) {
-          const int64_t k = keys[i];
-          if (shutting_down_ || want_[k] == 0) continue;
-          uint8_t st = key_state(k);
-          if (st == NOT_HERE || (st == REPLICA && !(flags_[k] & F_INCOMING))) todo.push_back(k);
-        }
-        if (!todo.empty()) start_localize(todo, new_internal(static_cast<int64_t>(todo.size())), ob);
+      case M_RELOC_NOTICE: {
+        mark_incoming(keys, h.n);
         break;
       }
       case M_REPL_GRANT: {
         std::map<int, std::vector<int64_t>> per;
         for (int64_t i = 0; i < h.n; ++i) {
           const int64_t k = keys[i];
-          if (shutting_down_ || want_[k] == 0 || (flags_[k] & F_FETCHING)) continue;
+          if (shutting_down_ || meta_[k].want == 0 || (meta_[k].flags & F_FETCHING)) continue;
           if (key_state(k) != NOT_HERE) continue;
-          flags_[k] |= F_FETCHING;
-          per[hint_[k]].push_back(k);
+          meta_[k].flags |= F_FETCHING;
+          per[meta_[k].hint].push_back(k);
         }
         for (auto& [dest, ks] : per) {
           int64_t ts = new_internal(static_cast<int64_t>(ks.size()));
@@ -1058,33 +1286,121 @@ class Engine {
       default:
         throw distkit::Error(str("kvps: unknown message type ", h.type, " from rank ", src));
     }
+    complete_done();
     flush(ob);
   }
 
-  void home_intent(int32_t type, int32_t r, const int64_t* keys, int64_t n, Outbox& ob) {
+  // --- who intends each home key (a bit mask per key for <= 64 ranks)
+  void intender_add(int64_t k, int r) {
+    if (use_mask_) {
+      meta_[k].imask |= uint64_t(1) << r;
+    } else {
+      intenders_[k].push_back(r);
+    }
+  }
+  void intender_remove(int64_t k, int r) {
+    if (use_mask_) {
+      meta_[k].imask &= ~(uint64_t(1) << r);
+      return;
+    }
+    auto it = intenders_.find(k);
+    if (it == intenders_.end()) return;
+    auto& v = it->second;
+    auto p = std::find(v.begin(), v.end(), r);
+    if (p != v.end()) v.erase(p);
+    if (v.empty()) intenders_.erase(it);
+  }
+  int intender_count(int64_t k) {
+    if (use_mask_) return __builtin_popcountll(meta_[k].imask);
+    auto it = intenders_.find(k);
+    return it == intenders_.end() ? 0 : static_cast<int>(it->second.size());
+  }
+  template <class F>
+  void for_intenders(int64_t k, F&& f) {
+    if (use_mask_) {
+      for (uint64_t m = meta_[k].imask; m; m &= m - 1) f(__builtin_ctzll(m));
+      return;
+    }
+    auto it = intenders_.find(k);
+    if (it != intenders_.end())
+      for (int q : it->second) f(q);
+  }
+
+  /// The home moved these keys to this rank; their handover is on the way
+  /// (or already here: then the key is OWNED and nothing is to do).
+  void mark_incoming(const int64_t* keys, int64_t n) {
+    std::vector<int64_t> inc;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t k = keys[i];
-      auto& set = intenders_[k];
+      auto& l = lock_of(k);
+      l.lock();
+      const uint8_t st = meta_[k].state;
+      if (st == NOT_HERE) {
+        meta_[k].state = INCOMING;
+        inc.push_back(k);
+      } else if (st == REPLICA && !(meta_[k].flags & F_INCOMING)) {
+        meta_[k].flags |= F_INCOMING;  // keeps serving locally until the value arrives
+        inc.push_back(k);
+      }
+      l.unlock();
+    }
+    if (prof_) {
+      if (inc_t_.empty()) inc_t_.assign(num_keys_, 0.0);
+      const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+      for (int64_t k : inc) inc_t_[k] = now;
+    }
+    // wait_sync waits until every noticed key arrived (a counter, no per-key request)
+    for (int64_t k : inc) meta_[k].flags |= F_NOTICED;
+    noticed_pending_ += static_cast<int64_t>(inc.size());
+  }
+
+  /// Home: move key k to rank r now. The new owner learns it from a notice
+  /// that precedes (FIFO) every operation the home forwards to it afterwards;
+  /// the current owner hands the value over directly.
+  void relocate(int64_t k, int r, Outbox& ob) {
+    const int prev = meta_[k].owner;
+    meta_[k].owner = r;
+    if (r == rank_) {
+      mark_incoming(&k, 1);  // not through a message to self: serve() below must see it
+    } else {
+      add_key(out(ob, r, M_RELOC_NOTICE, rank_, 0), k, 0, nullptr);
+    }
+    if (prev == rank_) {
+      serve(M_TRANSFER, r, 0, r, k, nullptr, ob);
+    } else {
+      add_key(out(ob, prev, M_TRANSFER, rank_, 0), k, r, nullptr);
+    }
+  }
+
+  void home_intent(int32_t type, int32_t r, const int64_t* keys, int64_t n, Outbox& ob) {
+    const bool moving = !shutting_down_;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t k = keys[i];
       if (type == M_INTENT_ADD) {
-        set.push_back(r);
+        intender_add(k, r);
+        const int cnt = intender_count(k);
+        if (!moving) continue;
         if (tech_ == T_RELOC_ONLY) {
-          if (set.size() == 1 && owner_[k] != r) add_key(out(ob, r, M_RELOC_GRANT, rank_, 0), k, 0, nullptr);
+          if (cnt == 1 && meta_[k].owner != r) relocate(k, r, ob);
         } else if (tech_ == T_REPL_ONLY) {
-          if (owner_[k] != r) add_key(out(ob, r, M_REPL_GRANT, rank_, 0), k, 0, nullptr);
+          if (meta_[k].owner != r) add_key(out(ob, r, M_REPL_GRANT, rank_, 0), k, 0, nullptr);
         } else if (tech_ == T_ALL) {
-          if (set.size() == 1) {
-            if (owner_[k] != r) add_key(out(ob, r, M_RELOC_GRANT, rank_, 0), k, 0, nullptr);
+          if (cnt == 1) {
+            if (meta_[k].owner != r) relocate(k, r, ob);
           } else {
-            for (int q : set)
-              if (q != owner_[k]) add_key(out(ob, q, M_REPL_GRANT, rank_, 0), k, 0, nullptr);
+            const int own = meta_[k].owner;
+            for_intenders(k, [&](int q) {
+              if (q != own) add_key(out(ob, q, M_REPL_GRANT, rank_, 0), k, 0, nullptr);
+            });
           }
         }
       } else {
-        auto it = std::find(set.begin(), set.end(), r);
-        if (it != set.end()) set.erase(it);
-        if (tech_ == T_ALL && set.size() == 1 && owner_[k] != set[0])
-          add_key(out(ob, set[0], M_RELOC_GRANT, rank_, 0), k, 0, nullptr);
-        if (set.empty()) intenders_.erase(k);
+        intender_remove(k, r);
+        if (moving && tech_ == T_ALL && intender_count(k) == 1) {
+          int q = -1;
+          for_intenders(k, [&](int x) { q = x; });
+          if (meta_[k].owner != q) relocate(k, q, ob);
+        }
       }
     }
   }
@@ -1093,7 +1409,7 @@ class Engine {
   void serve(int32_t type, int32_t origin, int64_t ts, int64_t pos, int64_t k, const char* val, Outbox& ob) {
     auto& l = lock_of(k);
     l.lock();
-    const uint8_t st = state_[k];
+    const uint8_t st = meta_[k].state;
     char* slot = vals_.data() + off_[k] * isz_;
     const size_t bytes = static_cast<size_t>(len_[k] * isz_);
     if (st == OWNED) {
@@ -1102,32 +1418,43 @@ class Engine {
           add_key(out(ob, origin, M_PULL_RESP, rank_, ts), k, pos, slot);
           break;
         case M_FETCH:
-          add_key(out(ob, origin, M_FETCH_RESP, rank_, ts), k, pos, slot);
+          add_key(out(ob, origin, M_FETCH_RESP, rank_, ts), k, meta_[k].ver, slot);
           break;
         case M_PUSH:
         case M_IPUSH:
           add_(slot, val, len_[k]);
+          ++meta_[k].ver;
           add_key(out(ob, origin, M_ACK, rank_, ts), k, pos, nullptr);
           break;
         case M_SET:
           std::memcpy(slot, val, bytes);
+          ++meta_[k].ver;
           add_key(out(ob, origin, M_ACK, rank_, ts), k, pos, nullptr);
           break;
         case M_RSYNC:
           add_(slot, val, len_[k]);
-          add_key(out(ob, origin, M_RSYNC_RESP, rank_, ts), k, pos, slot);
+          ++meta_[k].ver;
+          add_key(out(ob, origin, M_RSYNC_RESP, rank_, ts), k, meta_[k].ver, slot);
+          break;
+        case M_RCHECK:
+          if (static_cast<uint32_t>(pos) == meta_[k].ver) {
+            add_key(out(ob, origin, M_RCHECK_RESP, rank_, ts), k, 0, nullptr);
+          } else {
+            add_key(out(ob, origin, M_RSYNC_RESP, rank_, ts), k, meta_[k].ver, slot);
+          }
           break;
         case M_TRANSFER:
-          add_key(out(ob, origin, M_HANDOVER, rank_, 0), k, 0, slot);
-          hint_[k] = origin;
-          if (want_[k] > 0 && (tech_ == T_ALL || tech_ == T_REPL_ONLY) && !shutting_down_) {
+          add_key(out(ob, origin, M_HANDOVER, rank_, 0), k, meta_[k].ver, slot);
+          meta_[k].hint = origin;
+          if (meta_[k].want > 0 && (tech_ == T_ALL || tech_ == T_REPL_ONLY) && !shutting_down_) {
             // still intended here: keep the value as a replica of the new owner
             std::memset(delta_.data() + off_[k] * isz_, 0, bytes);
-            flags_[k] |= F_DELTA;
-            state_[k] = REPLICA;
-            replicas_.insert(k);
+            meta_[k].dirty = 0;
+            meta_[k].flags |= F_DELTA;
+            meta_[k].state = REPLICA;
+            add_replica(k);
           } else {
-            state_[k] = NOT_HERE;
+            meta_[k].state = NOT_HERE;
           }
           break;
         default:
@@ -1136,7 +1463,7 @@ class Engine {
       l.unlock();
       return;
     }
-    const bool incoming = st == INCOMING || (flags_[k] & F_INCOMING);
+    const bool incoming = st == INCOMING || (meta_[k].flags & F_INCOMING);
     l.unlock();
     if (incoming) {
       PendingOp p{type, origin, ts, pos, {}};
@@ -1147,33 +1474,64 @@ class Engine {
     if (type == M_TRANSFER) {
       throw distkit::Error(str("kvps: transfer of key ", k, " reached rank ", rank_, " which does not hold it"));
     }
-    const int next = home(k) == rank_ ? owner_[k] : home(k);
+    const int next = home(k) == rank_ ? meta_[k].owner : home(k);
     if (next == rank_) throw distkit::Error(str("kvps: routing loop for key ", k, " on rank ", rank_));
     add_key(out(ob, next, type, origin, ts), k, pos, val);
   }
 
-  void handover(int64_t k, const char* v, Outbox& ob) {
+  void add_replica(int64_t k) {
+    if (!meta_[k].in_rlist) {
+      meta_[k].in_rlist = 1;
+      rlist_.push_back(k);
+    }
+  }
+
+  /// Complete the requests collected in done_ (one lock per request, not per key).
+  void complete_done() {
+    if (done_.empty()) return;
+    std::sort(done_.begin(), done_.end());
+    for (size_t i = 0; i < done_.size();) {
+      size_t j = i;
+      while (j < done_.size() && done_[j] == done_[i]) ++j;
+      complete(done_[i], static_cast<int64_t>(j - i));
+      i = j;
+    }
+    done_.clear();
+  }
+
+  void handover(int64_t k, const char* v, uint32_t ver, Outbox& ob) {
     auto& l = lock_of(k);
     l.lock();
     char* slot = vals_.data() + off_[k] * isz_;
     std::memcpy(slot, v, len_[k] * isz_);
-    if (flags_[k] & F_DELTA) {
+    if (prof_ && !inc_t_.empty() && inc_t_[k] > 0) {
+      const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+      lat_.push_back(now - inc_t_[k]);
+      inc_t_[k] = 0;
+    }
+    if (meta_[k].flags & F_NOTICED) {
+      meta_[k].flags &= ~F_NOTICED;
+      --noticed_pending_;
+    }
+    meta_[k].ver = ver + 1;  // versions travel with the value (+1: a local delta may be added)
+    meta_[k].dirty = 0;
+    if (meta_[k].flags & F_DELTA) {
       char* d = delta_.data() + off_[k] * isz_;
       add_(slot, d, len_[k]);
       std::memset(d, 0, len_[k] * isz_);
     }
-    flags_[k] &= ~(F_DELTA | F_INCOMING);
-    state_[k] = OWNED;
-    hint_[k] = rank_;
+    meta_[k].flags &= ~(F_DELTA | F_INCOMING);
+    meta_[k].state = OWNED;
+    meta_[k].hint = rank_;
     l.unlock();
-    replicas_.erase(k);
-    auto w = waiters_.find(k);
-    if (w != waiters_.end()) {
-      auto ts = std::move(w->second);
-      waiters_.erase(w);
-      for (int64_t t : ts) complete(t, 1);
+    if (!waiters_.empty()) {
+      auto w = waiters_.find(k);
+      if (w != waiters_.end()) {
+        for (int64_t t : w->second) done_.push_back(t);
+        waiters_.erase(w);
+      }
     }
-    auto p = pending_.find(k);
+    auto p = pending_.empty() ? pending_.end() : pending_.find(k);
     if (p != pending_.end()) {
       auto ops = std::move(p->second);
       pending_.erase(p);
@@ -1181,7 +1539,8 @@ class Engine {
     }
   }
 
-  static constexpr uint8_t F_DELTA = 1, F_FETCHING = 2, F_SYNCING = 4, F_INCOMING = 8;
+  static constexpr uint8_t F_DELTA = 1, F_FETCHING = 2, F_SYNCING = 4, F_INCOMING = 8, F_NOTICED = 16;
+  int64_t noticed_pending_ = 0;  // keys the home moved here whose value has not arrived
 
   MPI_Comm comm_, coll_;
   int rank_ = 0, size_ = 1;
@@ -1195,10 +1554,23 @@ class Engine {
   bool uniform_ = true;
   std::vector<int64_t> len_, off_;
   Arena vals_, delta_;
-  std::vector<uint8_t> state_, flags_;
-  std::vector<int32_t> hint_, owner_;
-  std::vector<uint16_t> want_;
-  SpinLock locks_[kStripes];
+  /// Everything the protocol keeps per key, in one 32-byte record: a key's
+  /// handling touches one cache line instead of ten scattered arrays.
+  struct Meta {
+    SpinLock lock;          // guards state, dirty and the key's value/delta
+    uint8_t state = NOT_HERE;
+    uint8_t flags = 0;      // progress thread only
+    uint8_t dirty = 0;      // replica pushed locally since its last sync
+    uint8_t in_rlist = 0;   // listed in rlist_
+    uint16_t want = 0;      // active intents of this rank's workers
+    int32_t hint = 0;       // where requests go (a routing hint)
+    int32_t owner = 0;      // home: the current owner (the truth)
+    uint32_t ver = 0;       // version of the value held here (owner: bumped by every update)
+    uint64_t imask = 0;     // home: intending ranks (size <= 64)
+  };
+  std::unique_ptr<Meta[]> meta_;
+  bool use_mask_ = true;
+
   void (*add_)(char*, const char*, int64_t) = nullptr;
 
   std::atomic<int64_t> next_ts_{0};
@@ -1211,15 +1583,19 @@ class Engine {
   std::string error_;
 
   std::mutex cmd_mu_;
-  std::condition_variable cmd_cv_;
   std::deque<Cmd> cmds_;
+  std::atomic<bool> has_cmds_{false};
 
   std::vector<std::atomic<int64_t>> clocks_;
+  std::vector<std::atomic<int64_t>> synced_;  // last clock whose sync round the engine ran, per worker
+  std::mutex clock_mu_;
+  std::condition_variable clock_cv_;
   std::vector<std::multimap<int64_t, IntentEntry>> pending_intents_, active_intents_;
   std::unordered_map<int64_t, std::vector<int32_t>> intenders_;
   std::unordered_map<int64_t, std::vector<int64_t>> waiters_;
   std::unordered_map<int64_t, std::vector<PendingOp>> pending_;
-  std::unordered_set<int64_t> replicas_;
+  std::vector<int64_t> rlist_;     // keys that are (or were lately) replicas here
+  std::vector<int64_t> done_;      // completions collected over one message
   std::vector<int64_t> sync_waiters_;
   Builder flush_builder_;
   std::atomic<bool> shutting_down_{false};
@@ -1234,7 +1610,18 @@ class Engine {
   uint64_t wb_gen_ = 0;
 
   std::atomic<bool> running_{false};
+  std::atomic<bool> bye_sent_{false};
   std::thread thread_;
+  distkit::ShmSegment bell_seg_;
+  std::vector<distkit::ShmSegment> peer_segs_;
+  std::vector<Doorbell*> bells_;
+  Doorbell* mybell_ = nullptr;
+  long idle_timeout_us_ = 100;
+  std::chrono::steady_clock::time_point drain_start_{};
+  bool prof_ = std::getenv("KVPS_PROFILE") != nullptr;
+  std::map<int32_t, std::array<double, 4>> prof_tab_;
+  double prof_cpu_ = 0, prof_cpu0_ = 0, prof_total_ = 0;
+  std::vector<double> inc_t_, lat_;
 };
 
 }  // namespace kvps

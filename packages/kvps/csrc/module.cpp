@@ -61,7 +61,7 @@ PYBIND11_MODULE(_kvps, m) {
              nogil g;
              e.intent(worker, ptr<const int64_t>(keys), n, start, end);
            })
-      .def("advance_clock", &Engine::advance_clock)
+      .def("advance_clock", &Engine::advance_clock, py::call_guard<nogil>())
       .def("current_clock", &Engine::current_clock)
       .def("wait_sync", &Engine::wait_sync, py::call_guard<nogil>())
       .def("wait", &Engine::wait, py::call_guard<nogil>())
@@ -92,5 +92,6 @@ PYBIND11_MODULE(_kvps, m) {
            })
       .def("reset_ownership", &Engine::reset_ownership, py::call_guard<nogil>())
       .def("begin_shutdown", &Engine::begin_shutdown)
+      .def("abandon", &Engine::abandon, py::call_guard<nogil>())
       .def("stop", &Engine::stop, py::call_guard<nogil>());
 }

@@ -342,10 +342,13 @@ class _SamplingConfig:
 
 @atexit.register
 def _stop_all() -> None:  # pragma: no cover - exercised at interpreter exit
+    # a rank leaving without shutdown() tells its peers ("going away"): their
+    # pending and further operations raise RuntimeError naming this rank
+    # instead of hanging (runs before mpi4py finalises MPI: atexit is LIFO)
     for s in list(_live):
         if not s._closed:
             s._closed = True
-            s._engine.stop()
+            s._engine.abandon()
 
 
 class Worker:
