@@ -99,6 +99,13 @@ def test_server_rejects_bad_value_lengths() -> None:
 
 
 @pytest.mark.mpi
+def test_peer_exit_without_shutdown_fails_fast() -> None:
+    """A rank leaving without shutdown(): the peer's pending barrier and later pulls raise, no hang."""
+    res = run_mpi(str(SCRIPTS / "early_exit.py"), 2, timeout=90)
+    assert "early exit ok" in res.stdout, res.stdout
+
+
+@pytest.mark.mpi
 def test_torch_embedding() -> None:
     """PSEmbedding: seeded init, closed-form Adagrad steps from two ranks, prefetch makes batches local."""
     res = run_mpi(str(SCRIPTS / "torch_embed.py"), 2, timeout=150)
