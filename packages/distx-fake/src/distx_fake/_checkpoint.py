@@ -581,7 +581,7 @@ def _clean_stale_tmp(path: str) -> list[str]:
     """
     parent, base = os.path.split(path)
     prefix = base + ".tmp-"
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(parent or ".")
     except OSError:
