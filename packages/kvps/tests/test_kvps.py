@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,35 @@ def test_checkpoint_into_other_rank_count(tmp_path: Path, dtype: str, save_ranks
     res = run_mpi(str(SCRIPTS / "persist.py"), load_ranks, args=("load", str(ck), dtype, str(save_ranks)), timeout=120)
     assert "persist load ok" in res.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+@pytest.mark.mpi
+def test_checkpoint_distx_format(tmp_path: Path) -> None:
+    """server.save(path, format="distx"): distx-fake's checkpoint, loadable into another rank count."""
+    pytest.importorskip("distx_fake")
+    ck = tmp_path / "ckpt"
+    res = run_mpi(str(SCRIPTS / "persist.py"), 3, args=("save", str(ck), "float32", "distx"), timeout=120)
+    assert "persist save ok" in res.stdout
+    res = run_mpi(str(SCRIPTS / "persist.py"), 2, args=("load", str(ck), "float32", "3", "distx"), timeout=120)
+    assert "persist load ok" in res.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_save_format_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unknown formats and a missing distx-fake fail before anything is written or sent."""
+    kvps.setup(4, 1, "none")
+    server = kvps.Server(2)
+    with pytest.raises(ValueError, match="format must be 'kvps' or 'distx'"):
+        server.save(tmp_path / "x", format="pickle")
+    with pytest.raises(ValueError, match="format must be"):
+        server.load(tmp_path / "x", format="")
+    monkeypatch.setitem(sys.modules, "distx_fake", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"kvps\[distx\]"):
+        server.save(tmp_path / "x", format="distx")
+    with pytest.raises(ImportError, match=r"kvps\[distx\]"):
+        server.load(tmp_path / "x", format="distx")
+    server.shutdown()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_setup_rejects_bad_arguments() -> None:

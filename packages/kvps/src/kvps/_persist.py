@@ -162,3 +162,122 @@ def load(server: Server, path: Any) -> None:
         vals = np.ascontiguousarray(raw[idx])
         eng.write_local(int(sel.ctypes.data), len(sel), int(vals.ctypes.data))
     eng.barrier()
+
+
+# ---------------------------------------------------------------------------------------------
+# distx-fake's checkpoint format (optional extra ``kvps[distx]``)
+# ---------------------------------------------------------------------------------------------
+DISTX_FORMAT = "kvps-distx-1"
+
+
+def _distx_checkpoint() -> Any:
+    """Import ``distx_fake.checkpoint`` lazily (kvps does not depend on it)."""
+    try:
+        from distx_fake import checkpoint
+    except ImportError as e:
+        raise ImportError(
+            "format='distx' needs the distx-fake package (install the extra: pip install 'kvps[distx]')"
+        ) from e
+    return checkpoint
+
+
+def _flat_index(lengths: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Element positions of ``keys``' values in the key-ordered flat value array."""
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    lens = lengths[keys]
+    if not len(keys):
+        return np.zeros(0, dtype=np.int64)
+    dst = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+    return np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts[keys] - dst, lens)
+
+
+def save_distx(server: Server, path: Any) -> None:
+    """Collective save through ``distx_fake.checkpoint.save_state_dict`` (atomic, crc32c-checked).
+
+    The state dict is ``{"format", "num_keys", "dtype", "lengths", "values"}`` with
+    ``values`` holding every key's value in key order. Rank 0 gathers the shards
+    and writes the checkpoint alone (``no_dist=True``: kvps runs on MPI, not on a
+    torch process group); the other ranks wait for its verdict.
+    """
+    ckpt = _distx_checkpoint()  # every rank fails alike before any communication
+    eng = server._engine
+    coll = server._coll
+    rank = server.my_rank()
+    eng.wait_sync()  # replica deltas reach their owners
+    eng.barrier()
+    keys = eng.owned_keys()
+    count = int(server.lengths[keys].sum()) if len(keys) else 0
+    vals = torch.empty(count, dtype=server.dtype)
+    if len(keys):
+        eng.read_local(int(keys.ctypes.data), len(keys), vals.data_ptr())
+    shards = coll.gather((keys, vals.view(torch.uint8).numpy()), root=0)
+    err = None
+    if rank == 0:
+        assert shards is not None
+        try:
+            isz = torch.empty(0, dtype=server.dtype).element_size()
+            flat = torch.empty(int(server.lengths.sum()), dtype=server.dtype)
+            flat_u = flat.view(torch.uint8).numpy().view(_UINT[isz])
+            for k, raw in shards:
+                flat_u[_flat_index(server.lengths, k)] = raw.view(_UINT[isz])
+            state = {
+                "format": DISTX_FORMAT,
+                "num_keys": server.num_keys,
+                "dtype": _NAMES[server.dtype],
+                "lengths": torch.from_numpy(server.lengths.copy()),
+                "values": flat,
+            }
+            ckpt.save_state_dict(state, ckpt.FileSystemWriter(str(path)), no_dist=True)
+        except (OSError, ValueError, TypeError) as e:
+            err = f"{type(e).__name__}: {e}"
+    failed = coll.bcast(err, root=0)
+    if failed is not None:
+        raise OSError(f"saving the kvps checkpoint (distx format) to {path} failed: {failed}")
+
+
+def load_distx(server: Server, path: Any) -> None:
+    """Collective load of a checkpoint written by :func:`save_distx` (any saved rank count)."""
+    ckpt = _distx_checkpoint()
+    eng = server._engine
+    try:
+        meta = ckpt.FileSystemReader(str(path)).read_metadata()
+    except (OSError, ValueError) as e:
+        raise OSError(f"cannot read the distx checkpoint in {path}: {e}") from e
+    values = {e.get("path", [None])[0]: e for e in meta.get("entries", []) if isinstance(e, dict)}
+    if "values" not in values or "lengths" not in values:
+        raise ValueError(f"{path} is not a kvps checkpoint in distx format (no 'values'/'lengths' entries)")
+    state: dict[str, Any] = {
+        "format": None,
+        "num_keys": None,
+        "dtype": None,
+        "lengths": torch.empty(server.num_keys, dtype=torch.int64),
+        "values": torch.empty(int(server.lengths.sum()), dtype=server.dtype),
+    }
+    try:
+        ckpt.load_state_dict(state, ckpt.FileSystemReader(str(path)), no_dist=True)
+    except (KeyError, ValueError) as e:
+        raise ValueError(
+            f"the distx checkpoint in {path} does not match this server "
+            f"(num_keys={server.num_keys}, dtype={_NAMES[server.dtype]}, its value lengths): {e}"
+        ) from e
+    if state["format"] != DISTX_FORMAT:
+        raise ValueError(f"{path} is not a kvps checkpoint (format {state['format']!r})")
+    if state["num_keys"] != server.num_keys or state["dtype"] != _NAMES[server.dtype]:
+        raise ValueError(
+            f"checkpoint has {state['num_keys']} keys of {state['dtype']}, the server "
+            f"{server.num_keys} keys of {_NAMES[server.dtype]}"
+        )
+    if not np.array_equal(state["lengths"].numpy(), server.lengths):
+        raise ValueError("checkpoint value lengths differ from the server's value_lengths")
+    rank, size = server.my_rank(), server.num_ranks()
+    mine = np.arange(rank, server.num_keys, size, dtype=np.int64)
+    isz = torch.empty(0, dtype=server.dtype).element_size()
+    flat_u = state["values"].view(torch.uint8).numpy().view(_UINT[isz])
+    vals = np.ascontiguousarray(flat_u[_flat_index(server.lengths, mine)])
+    eng.wait_sync()
+    eng.barrier()
+    eng.reset_ownership()
+    eng.barrier()
+    if len(mine):
+        eng.write_local(int(mine.ctypes.data), len(mine), int(vals.ctypes.data))
+    eng.barrier()

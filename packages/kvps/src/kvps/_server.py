@@ -267,38 +267,76 @@ class Server:
         s = (12345 + 7919 * self.my_rank()) if seed is None else check_int(seed, "seed", lo=0)
         self._sampling = _SamplingConfig(scheme, bool(with_replacement), lo, hi, s, distribution)
 
-    def save(self, path: Any) -> None:
+    def save(self, path: Any, format: str = "kvps") -> None:  # noqa: A002  (the issue's argument name)
         """Write the whole server state to directory ``path`` (collective, atomic).
 
-        Call it when no worker is pushing. See :mod:`kvps._persist`.
+        Call it when no worker is pushing. The checkpoint loads into any number
+        of ranks.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The checkpoint directory (replaced atomically if it exists).
+        format : {"kvps", "distx"}
+            "kvps" (default): every rank writes its shard (raw bytes + JSON
+            metadata; temporary directory, fsync, rename). "distx": distx-fake's
+            checkpoint format (``distx_fake.checkpoint.save_state_dict``: crc32c
+            per piece, atomic commit) with entries ``format``, ``num_keys``,
+            ``dtype``, ``lengths`` and ``values`` (every key's value in key
+            order); rank 0 gathers the values and writes it. Needs the optional
+            extra ``kvps[distx]``.
 
         Raises
         ------
+        ValueError
+            Unknown ``format``.
+        ImportError
+            ``format="distx"`` without distx-fake installed.
         OSError
             The directory cannot be written.
         """
-        from ._persist import save
+        from ._persist import save, save_distx
 
         self._check_open()
-        save(self, path)
+        if format == "kvps":
+            save(self, path)
+        elif format == "distx":
+            save_distx(self, path)
+        else:
+            raise ValueError(f"format must be 'kvps' or 'distx', got {format!r}")
 
-    def load(self, path: Any) -> None:
+    def load(self, path: Any, format: str = "kvps") -> None:  # noqa: A002
         """Replace the server state by the checkpoint in ``path`` (collective).
 
         The checkpoint may come from a different number of ranks. Ownership is
         reset to the home ranks; replicas and intents are dropped.
 
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The checkpoint directory.
+        format : {"kvps", "distx"}
+            The format it was saved in (see :meth:`save`).
+
         Raises
         ------
         ValueError
-            The checkpoint does not match ``num_keys``/``value_lengths``/``dtype``.
+            Unknown ``format``, or the checkpoint does not match
+            ``num_keys``/``value_lengths``/``dtype``.
+        ImportError
+            ``format="distx"`` without distx-fake installed.
         OSError
             The checkpoint cannot be read.
         """
-        from ._persist import load
+        from ._persist import load, load_distx
 
         self._check_open()
-        load(self, path)
+        if format == "kvps":
+            load(self, path)
+        elif format == "distx":
+            load_distx(self, path)
+        else:
+            raise ValueError(f"format must be 'kvps' or 'distx', got {format!r}")
 
     def shutdown(self) -> None:
         """Flush replica deltas, stop the progress engine and free the communicators (collective).

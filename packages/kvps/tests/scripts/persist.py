@@ -1,7 +1,8 @@
 """Checkpoints across rank counts, value dtypes, sampling (run under mpiexec).
 
-Usage: persist.py save <dir> <dtype>       (state with relocated keys and un-flushed replica deltas)
-       persist.py load <dir> <dtype> <saved_ranks>
+Usage: persist.py save <dir> <dtype> [format]       (state with relocated keys and un-flushed replica deltas)
+       persist.py load <dir> <dtype> <saved_ranks> [format]
+format: "kvps" (default) or "distx" (distx-fake's checkpoint format).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from mpi4py import MPI
 import kvps
 
 MODE, PATH, DT = sys.argv[1], sys.argv[2], getattr(torch, sys.argv[3])
+FMT = sys.argv[4 if MODE == "save" else 5] if len(sys.argv) > (4 if MODE == "save" else 5) else "kvps"
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 NK = 501
@@ -49,11 +51,14 @@ if MODE == "save":
     w.barrier()
     w.push(shared, torch.ones(int(lengths[shared].sum()), dtype=DT))
     # a first checkpoint, then an overwrite with the final state
-    server.save(PATH)
-    server.save(PATH)
-    assert sorted(os.listdir(PATH)) == sorted(
-        ["meta.json", "lengths.bin"] + [f"shard-{r}.{x}" for r in range(size) for x in ("keys", "vals")]
-    ), os.listdir(PATH)
+    server.save(PATH, format=FMT)
+    server.save(PATH, format=FMT)
+    if FMT == "kvps":
+        assert sorted(os.listdir(PATH)) == sorted(
+            ["meta.json", "lengths.bin"] + [f"shard-{r}.{x}" for r in range(size) for x in ("keys", "vals")]
+        ), os.listdir(PATH)
+    else:
+        assert "metadata.json" in os.listdir(PATH), os.listdir(PATH)
     assert not [p for p in os.listdir(os.path.dirname(PATH)) if ".tmp-" in p or ".old-" in p]
     out = torch.zeros(total, dtype=DT)
     w.wait_sync()
@@ -65,7 +70,7 @@ else:
     saved = int(sys.argv[4])
     w.push(allk, torch.ones(total, dtype=DT))  # overwritten by the load
     w.barrier()
-    server.load(PATH)
+    server.load(PATH, format=FMT)
     out = torch.zeros(total, dtype=DT)
     w.pull(allk, out)
     exp = expected(saved)
@@ -86,14 +91,14 @@ else:
     kvps.setup(NK + 1, 1, "none")
     other = kvps.Server(3, dtype=DT)
     with pytest.raises(ValueError, match="keys"):
-        other.load(PATH)
+        other.load(PATH, format=FMT)
     other.shutdown()
     kvps.setup(NK, 1, "none")
     other = kvps.Server(3, dtype=DT)
     with pytest.raises(ValueError, match="lengths"):
-        other.load(PATH)
+        other.load(PATH, format=FMT)
     with pytest.raises(OSError, match="cannot read"):
-        other.load(PATH + "-missing")
+        other.load(PATH + "-missing", format=FMT)
     other.shutdown()
 
     # sampling: uniform lengths, preloc scheme makes samples local
