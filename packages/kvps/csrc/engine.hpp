@@ -151,9 +151,7 @@ class Arena {
     if (p == MAP_FAILED) throw distkit::OSError(str("mmap of ", bytes, " bytes for the value arena"), errno);
     p_ = static_cast<char*>(p);
 #ifdef MADV_HUGEPAGE
-    // fewer TLB misses on random rows, and one fault per 2 MiB instead of per
-    // 4 KiB when keys first arrive here (relocations touch fresh rows)
-    if (bytes >= (size_t(8) << 20)) madvise(p_, bytes, MADV_HUGEPAGE);
+    if (bytes >= (size_t(64) << 20)) madvise(p_, bytes, MADV_HUGEPAGE);  // fewer TLB misses on random rows
 #endif
   }
   ~Arena() {
@@ -168,6 +166,11 @@ class Arena {
     return *this;
   }
   char* data() const { return p_; }
+  /// Touch every page (the arena is committed now instead of on first use).
+  void prefault() {
+    volatile char* v = p_;
+    for (size_t o = 0; o < size_; o += 4096) v[o] = 0;
+  }
 
  private:
   char* p_ = nullptr;
@@ -214,7 +217,7 @@ struct Builder {
 class Engine {
  public:
   Engine(uintptr_t comm, uintptr_t coll, int64_t num_keys, const int64_t* lengths, int dtype, int num_workers,
-         int technique, int64_t lookahead, int64_t sync_every = 1)
+         int technique, int64_t lookahead, int64_t sync_every = 1, bool prefault = false)
       : comm_(distkit::mpi::comm_from_handle(comm)),
         coll_(distkit::mpi::comm_from_handle(coll)),
         num_keys_(num_keys),
@@ -252,6 +255,10 @@ class Engine {
       }
     vals_ = Arena(static_cast<size_t>(off_[num_keys] * isz_) + 64);
     delta_ = Arena(static_cast<size_t>(off_[num_keys] * isz_) + 64);
+    if (prefault) {  // commit the arenas now: keys arriving later cause no page faults
+      vals_.prefault();
+      delta_.prefault();
+    }
     meta_.reset(new Meta[static_cast<size_t>(num_keys)]);
     for (int64_t k = 0; k < num_keys; ++k) {
       int h = home(k);
@@ -697,16 +704,21 @@ class Engine {
   using OutKey = std::tuple<int, int32_t, int32_t, int64_t>;
   struct Outbox {
     std::map<OutKey, Builder> m;
-    OutKey last{-1, 0, 0, 0};
-    Builder* lb = nullptr;  // consecutive keys mostly go to the same message
+    static constexpr int kCache = 4;  // handlers alternate between a few messages
+    OutKey last[kCache];
+    Builder* lb[kCache] = {nullptr, nullptr, nullptr, nullptr};
+    int next = 0;
   };
 
   Builder& out(Outbox& ob, int dest, int32_t type, int32_t origin, int64_t ts) {
     OutKey key{dest, type, origin, ts};
-    if (ob.lb && key == ob.last) return *ob.lb;
-    ob.last = key;
-    ob.lb = &ob.m[key];
-    return *ob.lb;
+    for (int i = 0; i < Outbox::kCache; ++i)
+      if (ob.lb[i] && ob.last[i] == key) return *ob.lb[i];
+    const int i = ob.next;
+    ob.next = (i + 1) % Outbox::kCache;
+    ob.last[i] = key;
+    ob.lb[i] = &ob.m[key];
+    return *ob.lb[i];
   }
 
   void add_key(Builder& b, int64_t k, int64_t pos, const char* val) {
@@ -721,7 +733,7 @@ class Engine {
       send(dest, type, origin, ts, b);
     }
     ob.m.clear();
-    ob.lb = nullptr;
+    for (auto& p : ob.lb) p = nullptr;
   }
 
   void send(int dest, int32_t type, int32_t origin, int64_t ts, const Builder& b) {
@@ -1053,12 +1065,16 @@ class Engine {
   }
 
   void send_intent(int32_t type, const std::vector<int64_t>& keys, Outbox& ob) {
-    std::map<int, std::vector<int64_t>> per;
-    for (int64_t k : keys) per[home(k)].push_back(k);
-    for (auto& [dest, ks] : per) {
-      int64_t ts = new_internal(1);
-      Builder& b = out(ob, dest, type, rank_, ts);
-      for (int64_t k : ks) add_key(b, k, 0, nullptr);
+    std::vector<Builder*> per(size_, nullptr);
+    for (int64_t k : keys) {
+      const int d = home(k);
+      if (!per[d]) {
+        per[d] = &out(ob, d, type, rank_, new_internal(1));
+        per[d]->keys.reserve(keys.size() / size_ + 16);
+        per[d]->pos.reserve(keys.size() / size_ + 16);
+      }
+      per[d]->keys.push_back(k);
+      per[d]->pos.push_back(0);
     }
   }
 

@@ -29,12 +29,13 @@ PYBIND11_MODULE(_kvps, m) {
 
   py::class_<Engine>(m, "Engine")
       .def(py::init([](uintptr_t comm, uintptr_t coll, int64_t num_keys, uintptr_t lengths, int dtype, int workers,
-                       int technique, int64_t lookahead, int64_t sync_every) {
+                       int technique, int64_t lookahead, int64_t sync_every, bool prefault) {
              return new Engine(comm, coll, num_keys, ptr<const int64_t>(lengths), dtype, workers, technique, lookahead,
-                               sync_every);
+                               sync_every, prefault);
            }),
            py::arg("comm"), py::arg("coll"), py::arg("num_keys"), py::arg("lengths"), py::arg("dtype"),
-           py::arg("num_workers"), py::arg("technique"), py::arg("lookahead"), py::arg("sync_every") = 1)
+           py::arg("num_workers"), py::arg("technique"), py::arg("lookahead"), py::arg("sync_every") = 1,
+           py::arg("prefault") = false)
       .def_property_readonly("rank", &Engine::rank)
       .def_property_readonly("size", &Engine::size)
       .def_property_readonly("num_keys", &Engine::num_keys)

@@ -20,6 +20,7 @@ class Engine:
         technique: int,
         lookahead: int,
         sync_every: int = 1,
+        prefault: bool = False,
     ) -> None: ...
     @property
     def rank(self) -> int: ...

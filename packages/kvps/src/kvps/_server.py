@@ -117,6 +117,11 @@ class Server:
     replica_sync_every : int
         ``advance_clock`` refreshes replicas every this many clocks (bounded
         staleness; ``wait_sync`` always refreshes them).
+    prefault : bool
+        Commit the value arenas at creation (``2 * sum(value_lengths) *
+        itemsize`` bytes of RAM per rank) instead of page by page when keys
+        first arrive (relocations/replicas of fresh keys then cost no page
+        faults). Default False: memory is committed on first use.
     comm : mpi4py.MPI.Comm, optional
         The communicator to span (duplicated); ``MPI.COMM_WORLD`` by default.
 
@@ -135,6 +140,7 @@ class Server:
         dtype: torch.dtype = torch.float32,
         intent_lookahead: int = 2,
         replica_sync_every: int = 1,
+        prefault: bool = False,
         comm: Any = None,
     ) -> None:
         if _config is None:
@@ -164,6 +170,7 @@ class Server:
             TECHNIQUES[self._cfg.technique],
             self.lookahead,
             self.replica_sync_every,
+            bool(prefault),
         )
         self._closed = False
         self._sampling: _SamplingConfig | None = None
