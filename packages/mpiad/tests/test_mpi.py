@@ -43,6 +43,21 @@ def test_torch_compile_fullgraph_matches_eager() -> None:
     assert "values and gradients match eager on 2 ranks" in res.stdout
 
 
+@pytest.mark.slow
+def test_torch_compile_inductor_keeps_collective_order(tmp_path: Path) -> None:
+    # the default backend (C++ codegen, ~1-2 min cold here). Gather's root has other
+    # shapes than the other ranks, and inductor's peak-memory reordering used to order
+    # the collectives differently per rank: a deadlock (the timeout) without the fix
+    res = run_mpi(
+        SCRIPTS / "compiled.py",
+        2,
+        args=["inductor", "small"],
+        timeout=400,
+        env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},
+    )
+    assert "compiled (inductor): values and gradients match eager on 2 ranks" in res.stdout
+
+
 @pytest.mark.parametrize("nprocs", [3])
 def test_linear_regression_example(nprocs: int) -> None:
     res = run_mpi(EXAMPLES / "linear_regression.py", nprocs, timeout=120)

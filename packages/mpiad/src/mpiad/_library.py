@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch._library.effects import EffectType
 
 from . import _grad, _raw
 from ._constants import MPI_SUM
@@ -64,6 +65,7 @@ def allreduce(x: Tensor, comm: int, op: int) -> Tensor:
 
 @allreduce.register_fake
 def _(x: Tensor, comm: int, op: int) -> Tensor:
+    keep_collective_order()
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
@@ -91,6 +93,7 @@ def bcast(x: Tensor, comm: int, root: int) -> Tensor:
 
 @bcast.register_fake
 def _(x: Tensor, comm: int, root: int) -> Tensor:
+    keep_collective_order()
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
@@ -115,6 +118,7 @@ def reduce(x: Tensor, comm: int, op: int, root: int) -> Tensor:
 
 @reduce.register_fake
 def _(x: Tensor, comm: int, op: int, root: int) -> Tensor:
+    keep_collective_order()
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
@@ -150,6 +154,7 @@ def gather(x: Tensor, comm: int, axis: int, root: int) -> Tensor:
 
 @gather.register_fake
 def _(x: Tensor, comm: int, axis: int, root: int) -> Tensor:
+    keep_collective_order()
     return x.new_empty(_gather_shape(x, comm, axis, root))
 
 
@@ -173,6 +178,7 @@ def allgather(x: Tensor, comm: int, axis: int) -> Tensor:
 
 @allgather.register_fake
 def _(x: Tensor, comm: int, axis: int) -> Tensor:
+    keep_collective_order()
     return x.new_empty(_gather_shape(x, comm, axis, None))
 
 
@@ -205,6 +211,7 @@ def scatter(x: Tensor, comm: int, axis: int, numelem: int, root: int) -> Tensor:
 
 @scatter.register_fake
 def _(x: Tensor, comm: int, axis: int, numelem: int, root: int) -> Tensor:
+    keep_collective_order()
     return x.new_empty(_scatter_shape(x, axis, numelem))
 
 
@@ -243,6 +250,7 @@ def alltoall(x: Tensor, comm: int, gaxis: int, saxis: int, numelem: int) -> Tens
 
 @alltoall.register_fake
 def _(x: Tensor, comm: int, gaxis: int, saxis: int, numelem: int) -> Tensor:
+    keep_collective_order()
     return x.new_empty(_alltoall_shape(x, comm, gaxis, saxis, numelem))
 
 
@@ -267,6 +275,7 @@ def reduce_scatter(x: Tensor, comm: int, op: int, axis: int, numelem: int) -> Te
 
 @reduce_scatter.register_fake
 def _(x: Tensor, comm: int, op: int, axis: int, numelem: int) -> Tensor:
+    keep_collective_order()
     return x.new_empty(_scatter_shape(x, axis, numelem))
 
 
@@ -310,3 +319,23 @@ join_dummies.register_autograd(_join_bwd, setup_context=_join_setup)
 
 def _join(x: Tensor, dummies: list[Tensor]) -> Tensor:
     return torch.ops.mpiad.join_dummies(x, dummies)
+
+
+# Collectives must run in the same order on every rank. The ops are functional, so a
+# compiler may reorder independent ones. ORDERED effects make AOTAutograd thread a
+# token through them (program order in the FX graphs, forward and backward) ...
+for _op in (allreduce, bcast, reduce, gather, allgather, scatter, alltoall, reduce_scatter):
+    _op.register_effect(EffectType.ORDERED)
+
+
+def keep_collective_order() -> None:
+    """... but inductor's peak-memory reordering (torch 2.13) ignores that token chain
+    and reorders the collectives by estimated memory, which differs between ranks
+    whose shapes differ (a Gather root, uneven sizes): rank 0 entered an Allgather
+    while rank 1 waited in an Allreduce (a deadlock, reproduced by
+    tests/scripts/compiled.py). So tracing any mpiad collective switches that pass
+    off, process-wide (it only trades peak memory, never values)."""
+    import torch._inductor.config as cfg
+
+    if getattr(cfg, "reorder_for_peak_memory", False):
+        cfg.reorder_for_peak_memory = False

@@ -40,6 +40,20 @@ def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     )
 
 
+def f_small(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    # fewer kernels (inductor compiles each to C++), still rank-dependent shapes (Gather's
+    # root) and independent collectives that a scheduler could reorder per rank
+    a = comm.Allreduce(x * w, mpiad.MPI_SUM)
+    g = comm.Gather(x.view(1, -1), 0, 0)
+    b = comm.Allgather(w.view(1, -1), 0)
+    s = comm.Bcast_(x * 2, 0)
+    r = comm.Reduce_scatter(x.repeat(size), mpiad.MPI_SUM)
+    return a.sum() + (g * (rank + 1)).sum() + (b * b).sum() + s.sum() * (rank + 2) + (r * w).sum()
+
+
+if len(sys.argv) > 2 and sys.argv[2] == "small":
+    f = f_small
+
 torch.manual_seed(3 + rank)
 x0 = torch.rand(4, dtype=D)
 w0 = torch.rand(4, dtype=D)
