@@ -147,6 +147,16 @@ def scenario(TECH: str, TOTAL: int) -> None:
     assert np.all(v == target), f"rank {rank}: replicas did not converge: {v} != {target}"
     allv = comm.allgather(v)
     assert all(np.array_equal(a, allv[0]) for a in allv)
+    # only rank 0 pushes: the other ranks' clean replicas learn of it through
+    # the version check of the refresh (nothing pushed locally to ship)
+    if rank == 0:
+        w0.push(shared, vals_for(shared, 5.0))
+    for _ in range(2):
+        w0.wait_sync()
+        server.barrier()
+    _, v = pull(w0, shared)
+    target += 5.0
+    assert np.all(v == target), f"rank {rank}: clean replicas did not refresh: {v} != {target}"
     # intent window over: replicas dropped, values still exact
     for _ in range(3):
         w0.advance_clock()
