@@ -296,6 +296,7 @@ void check_disjoint_blocks(const std::vector<Piece>& pieces) {
 // through the bounce buffer. The crc32c is computed on the way, in order.
 uint32_t write_direct(int fd, const uint8_t* src, int64_t n, int64_t off, uint8_t* bounce) {
   uint32_t crc = 0;
+  if (n == 0) return crc;  // nothing to write (and no block of another piece to zero)
   int64_t pos = off;
   const int64_t end = off + n;
   auto partial = [&](int64_t block, int64_t from, int64_t to) {  // file bytes [from, to) of block
@@ -326,6 +327,7 @@ uint32_t write_direct(int fd, const uint8_t* src, int64_t n, int64_t off, uint8_
 
 uint32_t read_direct(int fd, uint8_t* dst, int64_t n, int64_t off, uint8_t* bounce) {
   uint32_t crc = 0;
+  if (n == 0) return crc;
   int64_t pos = off;
   const int64_t end = off + n;
   auto partial = [&](int64_t block, int64_t from, int64_t to) {

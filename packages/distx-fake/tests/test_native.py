@@ -135,7 +135,8 @@ def test_direct_io_unaligned_offsets_and_residues(tmp_path: Path) -> None:
     off1 = 3 * A + r
     off2 = -(-(off1 + n1) // A) * A + 17
     off3 = -(-(off2 + 5000) // A) * A + 100
-    pieces = [(base, n1, off1), (base + 1, 5000, off2), (base + 3, 7, off3)]
+    # (+ an empty piece inside piece 1's first block: writes nothing, zeroes nothing)
+    pieces = [(base, n1, off1), (base + 1, 5000, off2), (base + 3, 7, off3), (base, 0, off1 + 8)]
     try:
         crcs = nat.write_pieces(fd, pieces, True)
         nat.fsync_fd(fd)
@@ -151,7 +152,7 @@ def test_direct_io_unaligned_offsets_and_residues(tmp_path: Path) -> None:
         os.close(fd)
     expect = [nat.crc32c(raw[:n1].numpy().tobytes()), nat.crc32c(raw[1:5001].numpy().tobytes())]
     expect.append(nat.crc32c(raw[3:10].numpy().tobytes()))
-    assert crcs == expect and back == expect[:1] and back2 == expect[1:]
+    assert crcs == [*expect, 0] and back == expect[:1] and back2 == expect[1:]
     assert torch.equal(got1, raw[:n1]) and torch.equal(got2, raw[1:5001]) and torch.equal(got3, raw[3:10])
     data = path.read_bytes()
     assert data[off1 : off1 + n1] == raw[:n1].numpy().tobytes()
