@@ -1388,6 +1388,16 @@ class Engine {
     }
   }
 
+  /// Home: give rank q a replica of k. When the home holds k itself it sends
+  /// the value at once (no grant/fetch round trip); else q fetches it.
+  void grant_replica(int64_t k, int q, Outbox& ob) {
+    if (meta_[k].owner == rank_ && key_state(k) == OWNED) {
+      serve(M_FETCH, q, -1, 0, k, nullptr, ob);
+    } else {
+      add_key(out(ob, q, M_REPL_GRANT, rank_, 0), k, 0, nullptr);
+    }
+  }
+
   void home_intent(int32_t type, int32_t r, const int64_t* keys, int64_t n, Outbox& ob) {
     const bool moving = !shutting_down_;
     for (int64_t i = 0; i < n; ++i) {
@@ -1399,14 +1409,14 @@ class Engine {
         if (tech_ == T_RELOC_ONLY) {
           if (cnt == 1 && meta_[k].owner != r) relocate(k, r, ob);
         } else if (tech_ == T_REPL_ONLY) {
-          if (meta_[k].owner != r) add_key(out(ob, r, M_REPL_GRANT, rank_, 0), k, 0, nullptr);
+          if (meta_[k].owner != r) grant_replica(k, r, ob);
         } else if (tech_ == T_ALL) {
           if (cnt == 1) {
             if (meta_[k].owner != r) relocate(k, r, ob);
           } else {
             const int own = meta_[k].owner;
             for_intenders(k, [&](int q) {
-              if (q != own) add_key(out(ob, q, M_REPL_GRANT, rank_, 0), k, 0, nullptr);
+              if (q != own) grant_replica(k, q, ob);
             });
           }
         }

@@ -274,7 +274,7 @@ class Server:
         s = (12345 + 7919 * self.my_rank()) if seed is None else check_int(seed, "seed", lo=0)
         self._sampling = _SamplingConfig(scheme, bool(with_replacement), lo, hi, s, distribution)
 
-    def save(self, path: Any, format: str = "kvps") -> None:  # noqa: A002  (the issue's argument name)
+    def save(self, path: Any, format: str = "kvps") -> None:
         """Write the whole server state to directory ``path`` (collective, atomic).
 
         Call it when no worker is pushing. The checkpoint loads into any number
@@ -312,7 +312,7 @@ class Server:
         else:
             raise ValueError(f"format must be 'kvps' or 'distx', got {format!r}")
 
-    def load(self, path: Any, format: str = "kvps") -> None:  # noqa: A002
+    def load(self, path: Any, format: str = "kvps") -> None:
         """Replace the server state by the checkpoint in ``path`` (collective).
 
         The checkpoint may come from a different number of ranks. Ownership is
