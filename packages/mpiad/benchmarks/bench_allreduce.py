@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 import mpiad
-from mpiad import _mpiad
+from mpiad import _mpiad, _raw
 
 W = MPI.COMM_WORLD
 rank, size = W.rank, W.size
@@ -125,7 +125,7 @@ def main() -> None:
                 "mpi4py (new output)": lambda: W.Allreduce(xn, np.empty_like(xn), op=MPI.SUM),
                 "gloo": lambda: dist.all_reduce(gl),
             }
-            if nbytes >= 1 << 20:
+            if nbytes >= 32768:
                 # the two large-message algorithms of the native call, same buffers as `out=`
                 h, code, ps, pr = comm._handle, 2, x.data_ptr(), res.data_ptr()
                 fns["MPI_Allreduce"] = lambda: _mpiad.allreduce(h, ps, pr, numel, code, S, 0)
@@ -163,16 +163,6 @@ def main() -> None:
                     hi=ohi,
                     mpiad_us=us["mpiad out="],
                 )
-                rb, blo, bhi = ratio(t, "Reduce+Bcast", "MPI_Allreduce")
-                emit(
-                    f"Allreduce {label}: native Reduce+Bcast / MPI_Allreduce (large-message algorithm, "
-                    f"used from MPIAD_LARGE_BYTES = 8 MiB)",
-                    rb,
-                    "informational",
-                    True,
-                    lo=blo,
-                    hi=bhi,
-                )
             elif nbytes == 8:
                 emit(
                     f"Allreduce {label} (no grad, fast path, new output): mpiad / mpi4py (preallocated output)",
@@ -197,6 +187,17 @@ def main() -> None:
                 )
             else:
                 emit(f"Allreduce {label}: mpiad / mpi4py", r, "informational", True, lo=lo, hi=hi)
+            if nbytes >= 32768:
+                rb, blo, bhi = ratio(t, "Reduce+Bcast", "MPI_Allreduce")
+                emit(
+                    f"Allreduce {label}: native Reduce+Bcast / MPI_Allreduce (mpiad uses Reduce+Bcast from "
+                    f"MPIAD_LARGE_BYTES = {_raw.LARGE_BYTES >> 10} KiB on one node)",
+                    rb,
+                    "informational",
+                    True,
+                    lo=blo,
+                    hi=bhi,
+                )
             rg, glo, ghi = ratio(t, "mpiad", "gloo")
             emit(
                 f"Allreduce {label}: mpiad / gloo all_reduce",

@@ -271,10 +271,13 @@ def debug_check(comm: int, opid: int, t: Tensor | None, a: int = 0, b: int = 0, 
 
 
 # ------------------------------------------------------------------ collectives
-#: Messages from this many bytes on use :func:`large_algo`. Measured on an idle 2-core node:
-#: MPI_Allreduce wins at 1 MiB (1.03x of mpi4py vs 1.38x for Reduce + Bcast), they tie at 8 MiB,
-#: and Reduce + Bcast wins at 64 MiB (0.8x).
-LARGE_BYTES = int(os.environ.get("MPIAD_LARGE_BYTES", str(1 << 23)))
+#: Messages from this many bytes on use :func:`large_algo`. Measured on this project's
+#: 2-core VM, 2 ranks, float32, same buffers, median of 9 interleaved rounds (loaded machine):
+#: Reduce + Bcast / MPI_Allreduce = 0.59 (16 KiB), 0.65 (64 KiB), 0.76 (256 KiB), 0.72 (512 KiB),
+#: 0.52-0.76 (1 MiB), 0.76 (4 MiB), 0.50 (8 MiB), 0.61 (64 MiB). The threshold is 1 MiB:
+#: below it the latency path avoids the algorithm decision, and with more ranks Reduce + Bcast
+#: costs two trees of latency (not measurable here: 2 cores).
+LARGE_BYTES = int(os.environ.get("MPIAD_LARGE_BYTES", str(1 << 20)))
 _ALGO: dict[int, int] = {}
 
 
