@@ -284,8 +284,17 @@ class Engine {
 
   /// Collective: every rank maps the doorbells of its node-local peers.
   void setup_doorbells() {
-    bell_seg_ = distkit::ShmSegment::create(4096);
-    mybell_ = new (bell_seg_.data()) Doorbell();
+    bool shm = true;
+    try {
+      bell_seg_ = distkit::ShmSegment::create(4096);
+      mybell_ = new (bell_seg_.data()) Doorbell();
+    } catch (const distkit::Error&) {
+      // no POSIX shared memory here: a private doorbell (workers still wake
+      // the engine; peers' messages are found by polling every 100 us)
+      shm = false;
+      own_bell_ = std::make_unique<Doorbell>();
+      mybell_ = own_bell_.get();
+    }
     bells_.assign(size_, nullptr);
     bells_[rank_] = mybell_;
     MPI_Comm node;
@@ -295,22 +304,31 @@ class Engine {
     MPI_Comm_size(node, &nsize);
     constexpr int kName = 64;
     char mine[kName] = {0};
-    std::snprintf(mine, kName, "%s", bell_seg_.name().c_str());
+    if (shm) std::snprintf(mine, kName, "%s", bell_seg_.name().c_str());
     std::vector<char> names(static_cast<size_t>(nsize) * kName);
     std::vector<int> ranks(nsize);
     distkit::mpi::check(MPI_Allgather(mine, kName, MPI_CHAR, names.data(), kName, MPI_CHAR, node), "MPI_Allgather");
     distkit::mpi::check(MPI_Allgather(&rank_, 1, MPI_INT, ranks.data(), 1, MPI_INT, node), "MPI_Allgather");
+    int reachable = 1;
     for (int i = 0; i < nsize; ++i) {
       if (ranks[i] == rank_) continue;
       std::string nm(names.data() + static_cast<size_t>(i) * kName);
-      peer_segs_.push_back(distkit::ShmSegment::open(nm, 4096));
-      bells_[ranks[i]] = static_cast<Doorbell*>(peer_segs_.back().data());
+      if (nm.empty()) continue;  // that rank has no shared doorbell
+      try {
+        peer_segs_.push_back(distkit::ShmSegment::open(nm, 4096));
+        bells_[ranks[i]] = static_cast<Doorbell*>(peer_segs_.back().data());
+        ++reachable;
+      } catch (const distkit::Error&) {
+      }
     }
     MPI_Barrier(node);  // everybody mapped every doorbell: drop the names
-    bell_seg_.unlink();
+    if (shm) bell_seg_.unlink();
     MPI_Comm_free(&node);
-    // peers on other nodes cannot ring: poll MPI every 100 us when idle then
-    idle_timeout_us_ = nsize == size_ ? 5000 : 100;
+    // A peer that cannot ring us (another node, or no shared doorbell) is
+    // polled every 100 us when idle; if all can, 5 ms is only a safety net.
+    int all_ring = shm && reachable == size_ ? 1 : 0;
+    distkit::mpi::check(MPI_Allreduce(MPI_IN_PLACE, &all_ring, 1, MPI_INT, MPI_MIN, coll_), "MPI_Allreduce");
+    idle_timeout_us_ = all_ring ? 5000 : 100;
   }
 
   ~Engine() { stop(); }
@@ -1642,6 +1660,7 @@ class Engine {
   std::vector<distkit::ShmSegment> peer_segs_;
   std::vector<Doorbell*> bells_;
   Doorbell* mybell_ = nullptr;
+  std::unique_ptr<Doorbell> own_bell_;
   long idle_timeout_us_ = 100;
   std::chrono::steady_clock::time_point drain_start_{};
   bool prof_ = std::getenv("KVPS_PROFILE") != nullptr;
