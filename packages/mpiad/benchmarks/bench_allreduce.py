@@ -60,7 +60,7 @@ def emit(name: str, ratio: float, goal: str, met: bool, **detail: object) -> Non
 
 
 def iters_for(nbytes: int) -> int:
-    return max(3, min(2000, (4 << 20) // max(nbytes, 1)))
+    return max(6, min(2000, (16 << 20) // max(nbytes, 1)))
 
 
 Times = dict[str, list[float]]
