@@ -148,16 +148,16 @@ bool use_hw() {
 #endif
 }
 
-// One pwrite/pread call moves at most this much (default 8 MiB, env DISTX_IO_BLOCK_MIB).
-int64_t io_block() {
-  static const int64_t b = [] {
-    const char* v = std::getenv("DISTX_IO_BLOCK_MIB");
-    const int64_t mib = v ? std::atoll(v) : 0;
-    return (mib > 0 && mib <= 256 ? mib : 8) << 20;
-  }();
-  return b;
+// One pwrite moves at most kIoBlock (default 8 MiB, env DISTX_IO_BLOCK_MIB), one direct pread
+// kReadBlock (default 4 MiB, env DISTX_IO_READ_BLOCK_MIB): on this project's (virtio) disk,
+// more and smaller reads in flight measured faster, while writes preferred 8 MiB.
+int64_t env_mib(const char* name, int64_t dflt) {
+  const char* v = std::getenv(name);
+  const int64_t mib = v ? std::atoll(v) : 0;
+  return (mib > 0 && mib <= 256 ? mib : dflt) << 20;
 }
-const int64_t kIoBlock = io_block();
+const int64_t kReadBlock = env_mib("DISTX_IO_READ_BLOCK_MIB", 4);
+const int64_t kIoBlock = std::max(env_mib("DISTX_IO_BLOCK_MIB", 8), kReadBlock);  // also the bounce size
 
 void full_pwrite(int fd, const uint8_t* p, int64_t n, int64_t off) {
   while (n > 0) {
@@ -200,15 +200,26 @@ struct Bounce {
   Bounce& operator=(const Bounce&) = delete;
 };
 
-// I/O runs on its own distkit ThreadPool (default 3 threads, env DISTX_IO_THREADS): a piece
+// I/O runs on its own distkit ThreadPool (default 4 threads, env DISTX_IO_THREADS): a piece
 // alternates CPU work (bounce copy, crc32c) and waiting on the disk, so more threads than
 // cores keep the device busy; pieces are handed out dynamically.
+// Writers in flight (default 3, env DISTX_IO_WRITERS; at most the pool size): writes measured
+// best with 3 x 8 MiB in flight here, reads with 4 x 4 MiB.
+int io_writers() {
+  static const int w = [] {
+    const char* v = std::getenv("DISTX_IO_WRITERS");
+    const int n = v ? std::atoi(v) : 0;
+    return n > 0 ? n : 3;
+  }();
+  return w;
+}
+
 int io_threads() {
   if (const char* v = std::getenv("DISTX_IO_THREADS")) {
     int n = std::atoi(v);
     if (n > 0) return n;
   }
-  return 3;
+  return 4;
 }
 
 distkit::detail::ThreadPool& io_pool() {
@@ -217,10 +228,10 @@ distkit::detail::ThreadPool& io_pool() {
 }
 
 template <class Body>
-void io_for(int64_t n, Body&& body) {  // body(piece index)
+void io_for(int64_t n, int max_parts, Body&& body) {  // body(piece index)
   if (n <= 0) return;
   std::atomic<int64_t> next{0};
-  const int parts = static_cast<int>(std::min<int64_t>(n, io_pool().size()));
+  const int parts = static_cast<int>(std::min<int64_t>({n, int64_t(io_pool().size()), int64_t(max_parts)}));
   std::function<void(int)> task = [&](int) {
     for (int64_t i; (i = next.fetch_add(1)) < n;) body(i);
   };
@@ -340,7 +351,7 @@ uint32_t read_direct(int fd, uint8_t* dst, int64_t n, int64_t off, uint8_t* boun
     pos = to;
   }
   while (end - pos >= kA) {
-    const int64_t len = std::min(kIoBlock, floor_a(end - pos));
+    const int64_t len = std::min(kReadBlock, floor_a(end - pos));
     uint8_t* p = dst + (pos - off);
     if (reinterpret_cast<uintptr_t>(p) % kA == 0) {
       pread_at_least(fd, p, len, len, pos);
@@ -360,7 +371,7 @@ uint32_t read_direct(int fd, uint8_t* dst, int64_t n, int64_t off, uint8_t* boun
 std::vector<uint32_t> write_pieces(int fd, const std::vector<Piece>& pieces, bool direct) {
   std::vector<uint32_t> crcs(pieces.size());
   if (direct) check_disjoint_blocks(pieces);
-  io_for(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
+  io_for(static_cast<int64_t>(pieces.size()), io_writers(), [&](int64_t i) {
     const Piece& pc = pieces[i];
     const auto* p = reinterpret_cast<const uint8_t*>(pc.ptr);
     if (direct) {
@@ -376,7 +387,7 @@ std::vector<uint32_t> write_pieces(int fd, const std::vector<Piece>& pieces, boo
 
 std::vector<uint32_t> read_pieces(int fd, const std::vector<Piece>& pieces, bool direct) {
   std::vector<uint32_t> crcs(pieces.size());
-  io_for(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
+  io_for(static_cast<int64_t>(pieces.size()), io_threads(), [&](int64_t i) {
     const Piece& pc = pieces[i];
     auto* p = reinterpret_cast<uint8_t*>(pc.ptr);
     if (direct) {
