@@ -133,9 +133,14 @@ def test_run_mpi_fails_on_nonzero_exit() -> None:
 @pytest.mark.mpi
 def test_run_mpi_kills_a_hung_job_and_reaps_it() -> None:
     t0 = time.monotonic()
-    with pytest.raises(AssertionError, match="timed out after 5s"):
+    with pytest.raises(AssertionError, match="timed out after 5s") as err:
         testing.run_mpi(SCRIPTS / "ranks.py", 2, args=["--hang-rank", "0"], timeout=5)
     assert time.monotonic() - t0 < 60
+    # Open MPI's shared-memory files of the killed job lived in a private folder, now removed
+    backing = {line.split()[1] for line in str(err.value).splitlines() if line.startswith("backing /dev/shm/")}
+    assert len(backing) == 1
+    folder = Path(backing.pop())
+    assert folder.name.startswith("distkit-mpi-") and not folder.exists()
     time.sleep(0.5)
     # no rank of that job survives
     for pid in os.listdir("/proc"):

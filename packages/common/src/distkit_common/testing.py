@@ -8,6 +8,7 @@ hanging CI.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import multiprocessing as mp
 import os
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,25 @@ def mpi_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     if extra:
         env.update(extra)
     return env
+
+
+@contextlib.contextmanager
+def _private_mpi_backing(env: dict[str, str]) -> Iterator[None]:
+    """Put Open MPI's shared-memory backing files of one job in a private (0700)
+    directory removed afterwards: a job that is killed (a timeout, a test that
+    SIGKILLs a rank) would otherwise leave ``sm_segment.*`` files in /dev/shm.
+    Values the caller already set are kept."""
+    keys = ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_osc_sm_backing_directory")
+    base = "/dev/shm"
+    if any(k in env for k in keys) or not os.access(base, os.W_OK | os.X_OK):
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="distkit-mpi-", dir=base)
+    env.update(dict.fromkeys(keys, folder))
+    try:
+        yield
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _run(cmd: Sequence[str], env: Mapping[str, str], timeout: float, cwd: str | None) -> RunResult:
@@ -201,7 +221,9 @@ def run_mpi(
     # rank into MPI_Abort, so the other ranks do not hang in a collective.
     runner = ["-m", "mpi4py"] if importlib.util.find_spec("mpi4py") is not None else []
     cmd = [*mpiexec_command(nprocs), sys.executable, *runner, str(script), *args]
-    res = _run(cmd, mpi_env(env), timeout, cwd)
+    full_env = mpi_env(env)
+    with _private_mpi_backing(full_env):
+        res = _run(cmd, full_env, timeout, cwd)
     if check and res.returncode != 0:
         raise AssertionError(
             f"exit code {res.returncode}: {shlex.join(cmd)}\n--- stdout ---\n{_tail(res.stdout)}\n"
