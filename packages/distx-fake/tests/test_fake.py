@@ -67,6 +67,9 @@ def test_to_cuda_under_fake_cuda_without_gpu() -> None:
         x2.copy_(x.detach())
         with torch.no_grad():
             lin.weight.normal_()
+        # a Python-level torch function indexing / making contiguous inside its body
+        enc = torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=16).cuda()
+        h = enc(torch.randn(5, 3, 8, device="cuda"))
     for t in moved:
         assert fake.is_fake(t) and t.device == cuda0 and t.shape == (10,)
         assert repr(t) == "tensor(..., size=(10,), device=cuda, fake=True)"
@@ -85,6 +88,7 @@ def test_to_cuda_under_fake_cuda_without_gpu() -> None:
     assert y.shape == (2, 3) and y.device == cuda0 and y.requires_grad and fake.is_fake(y)
     assert z.shape == (2, 1, 4) and z.is_contiguous() and z.device == cuda0
     assert w.shape == (3, 1, 2) and w.requires_grad
+    assert h.shape == (5, 3, 8) and h.device == cuda0 and h.requires_grad and fake.is_fake(h)
     assert not x.detach().requires_grad and not torch.zeros_like(x).requires_grad
     # the flag is undone on exit: torch refuses CUDA again
     with pytest.raises(RuntimeError):

@@ -104,6 +104,31 @@ class FakeTensor(torch.Tensor):
     def untyped_storage(self) -> torch.UntypedStorage:
         return self._elem.untyped_storage()
 
+    # Without a CUDA runtime, torch's bindings of these methods fail on a fake CUDA tensor
+    # (they set a CUDA device guard before dispatching). ``__torch_function__`` reroutes them,
+    # but torch runs the bodies of Python-level functions (e.g. F.multi_head_attention_forward)
+    # with subclass ``__torch_function__`` disabled, so they are also overridden here.
+    def contiguous(self, memory_format: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
+        if _no_cuda_fake(self):
+            return _fake_cuda_call(_aten.contiguous.default, (self,), {"memory_format": memory_format})
+        return super().contiguous(memory_format=memory_format)
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        if _no_cuda_fake(self):
+            return _fake_cuda_call(_getitem, (self, index), {})
+        return super().__getitem__(index)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        if _no_cuda_fake(self):
+            _fake_cuda_call(_setitem, (self, index, value), {})
+            return
+        super().__setitem__(index, value)
+
+    def copy_(self, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+        if _no_cuda_fake(self):
+            return _fake_cuda_call(_aten.copy_.default, (self, src, non_blocking), {})
+        return super().copy_(src, non_blocking)
+
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -122,6 +147,20 @@ class FakeTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
         return run_fake(func, args, kwargs or {})
+
+
+def _no_cuda_fake(t: FakeTensor) -> bool:
+    """A fake CUDA tensor on a machine without CUDA."""
+    if not _NO_CUDA:
+        return False
+    with torch._C.DisableTorchFunctionSubclass():
+        return t.device.type == "cuda"
+
+
+def _fake_cuda_call(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    if torch.is_grad_enabled() and _cuda_autograd(args, kwargs):
+        return _without_autograd(func, lambda: _plain_call(func, args, kwargs))
+    return _plain_call(func, args, kwargs)
 
 
 def _plain_call(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
