@@ -6,6 +6,7 @@ The backward passes call the raw (non-autograd) communication of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -114,9 +115,21 @@ class AllreduceSmall(torch.autograd.Function):
 #: ``AllreduceSmall.apply`` without ``Function.apply``'s Python wrapper (~1.5 us here);
 #: valid only when no functorch transform is active, and after ``unwrap_if_dead`` on
 #: the tensor argument: exactly what that wrapper does in this case.
-apply_small = torch._C._FunctionBase.__dict__["apply"].__get__(None, AllreduceSmall)
-functorch_active = torch._C._are_functorch_transforms_active
-unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+#: These are torch internals: when a torch release renames any of them, the
+#: public ``AllreduceSmall.apply`` is used instead (``functorch_active`` then
+#: always answers True), which is slower by that wrapper and otherwise the same.
+try:
+    apply_small: Callable[..., Tensor] = torch._C._FunctionBase.__dict__["apply"].__get__(None, AllreduceSmall)
+    functorch_active: Callable[[], bool] = torch._C._are_functorch_transforms_active
+    unwrap_if_dead: Callable[[Tensor], Tensor] = torch._C._functorch.unwrap_if_dead
+except (AttributeError, KeyError, TypeError):  # pragma: no cover - depends on the torch release
+    apply_small = AllreduceSmall.apply
+
+    def unwrap_if_dead(t: Tensor) -> Tensor:
+        return t
+
+    def functorch_active() -> bool:
+        return True
 
 
 class NoInplaceReuse(torch.autograd.Function):
