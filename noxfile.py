@@ -154,6 +154,11 @@ def run_pytest(session: nox.Session, packages: list[str], paths: list[str] | Non
         )
 
 
+#: sibling packages a package's tests also exercise through its optional extras
+#: (kvps[distx]: server.save(format="distx") writes distx-fake's checkpoint format)
+TEST_EXTRAS: dict[str, list[str]] = {"kvps": ["distx-fake"]}
+
+
 @nox.session(python="3.11")
 @nox.parametrize("package", [*PACKAGES, "integration"])
 def tests(session: nox.Session, package: str) -> None:
@@ -168,8 +173,9 @@ def tests(session: nox.Session, package: str) -> None:
         run_pytest(session, [], paths=[str(ROOT / "tools" / "tests")])
         return
     install_base(session)
-    build_wheels(session, [package])
-    install_wheels(session, [package])
+    optional = TEST_EXTRAS.get(package, [])
+    build_wheels(session, [package, *optional])
+    install_wheels(session, [package, *optional])
     run_pytest(session, [package])
 
 
