@@ -217,8 +217,10 @@ def matrix(session: nox.Session, torch: str) -> None:
         )
     wheelhouse = ROOT / "build" / f"wheelhouse-py{session.python}"
     install_base(session, torch=torch)
-    if not any(wheelhouse.glob("*.whl")) or "--rebuild" in session.posargs:
-        build_wheels(session, list(PACKAGES), wheelhouse)
+    if "--rebuild" in session.posargs:  # forget the source digests: every wheel is built anew
+        for stamp in wheelhouse.glob("*.digest"):
+            stamp.unlink()
+    build_wheels(session, list(PACKAGES), wheelhouse)  # rebuilds only the packages whose sources changed
     install_wheels(session, [p for p in PACKAGES if p != "common"], wheelhouse)
     session.run("python", "-c", "import torch; print('torch', torch.__version__)")
     session.posargs[:] = [a for a in session.posargs if a != "--rebuild"]
