@@ -272,12 +272,13 @@ def debug_check(comm: int, opid: int, t: Tensor | None, a: int = 0, b: int = 0, 
 
 # ------------------------------------------------------------------ collectives
 #: Messages from this many bytes on use :func:`large_algo`. Measured on this project's
-#: 2-core VM, 2 ranks, float32, same buffers, median of 9 interleaved rounds (loaded machine):
-#: Reduce + Bcast / MPI_Allreduce = 0.59 (16 KiB), 0.65 (64 KiB), 0.76 (256 KiB), 0.72 (512 KiB),
-#: 0.52-0.76 (1 MiB), 0.76 (4 MiB), 0.50 (8 MiB), 0.61 (64 MiB). The threshold is 1 MiB:
-#: below it the latency path avoids the algorithm decision, and with more ranks Reduce + Bcast
-#: costs two trees of latency (not measurable here: 2 cores).
-LARGE_BYTES = int(os.environ.get("MPIAD_LARGE_BYTES", str(1 << 20)))
+#: 2-core VM, 2 ranks, float32, same buffers, median of 7-9 interleaved rounds.
+#: Reduce + Bcast / MPI_Allreduce on a quiet machine: 1.6 (1 MiB), 1.75 (4 MiB),
+#: 1.0-1.3 (8 MiB), 1.04 (16 MiB), 0.62 (32 MiB), 0.76 (64 MiB); with ~6 other jobs
+#: running it won from 32 KiB on (0.5-0.76), because Open MPI's 2-rank Allreduce
+#: synchronises more often and pays for every descheduled peer. The default, 32 MiB,
+#: follows the quiet machine; MPIAD_LARGE_BYTES changes it.
+LARGE_BYTES = int(os.environ.get("MPIAD_LARGE_BYTES", str(32 << 20)))
 _ALGO: dict[int, int] = {}
 
 
