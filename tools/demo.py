@@ -66,6 +66,7 @@ def main(argv: list[str]) -> int:
         f"{'clearly above' if better else 'NOT clearly above'}"
     )
     shutil.copy(out / "full" / "loss_curve.png", out / "loss_curve.png")
+    shutil.copy(out / "full" / "summary.json", out / "summary.json")
     print(f"loss curve: {out / 'loss_curve.png'}; total {time.monotonic() - t0:.0f} s")
     return 0 if same and better else 1
 
