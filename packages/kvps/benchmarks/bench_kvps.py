@@ -86,11 +86,11 @@ def local_and_remote() -> None:
     server.shutdown()
 
 
-def zipf_run(technique: str, nk: int, steps: int, batch: int, ahead: int, per_rank: bool) -> float:
+def zipf_run(technique: str, nk: int, steps: int, batch: int, ahead: int, per_rank: bool, shm: bool = False) -> float:
     kvps.setup(nk, 1, technique)
     # both variants commit their arenas up front: the measured steps are the
     # steady state of a long run, not first-touch page faults
-    server = kvps.Server(DIM, intent_lookahead=ahead, prefault=True)
+    server = kvps.Server(DIM, intent_lookahead=ahead, prefault=True, shared_memory=shm)
     w = kvps.Worker(0, server)
     rng = np.random.default_rng(100 + rank)
     # shared: the same popularity order on both ranks; per_rank: each rank has its own hot keys

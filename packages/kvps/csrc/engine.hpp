@@ -20,6 +20,7 @@
 #include <mpi.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -126,6 +127,7 @@ struct alignas(64) Doorbell {
   std::atomic<uint32_t> seq{0};
   std::atomic<uint32_t> sleeping{0};
   std::atomic<uint32_t> bye{0};  // set by a peer that leaves without shutdown (rank + 1)
+  std::atomic<uint32_t> data_live{0};  // the shard in this segment may be used by peers
 };
 static_assert(sizeof(std::atomic<uint32_t>) == 4, "futex word must be 32 bits");
 
@@ -217,7 +219,8 @@ struct Builder {
 class Engine {
  public:
   Engine(uintptr_t comm, uintptr_t coll, int64_t num_keys, const int64_t* lengths, int dtype, int num_workers,
-         int technique, int64_t lookahead, int64_t sync_every = 1, bool prefault = false)
+         int technique, int64_t lookahead, int64_t sync_every = 1, bool prefault = false,
+         bool shared_memory = true)
       : comm_(distkit::mpi::comm_from_handle(comm)),
         coll_(distkit::mpi::comm_from_handle(coll)),
         num_keys_(num_keys),
@@ -253,19 +256,9 @@ class Engine {
         uniform_ = false;
         break;
       }
-    vals_ = Arena(static_cast<size_t>(off_[num_keys] * isz_) + 64);
     delta_ = Arena(static_cast<size_t>(off_[num_keys] * isz_) + 64);
-    if (prefault) {  // commit the arenas now: keys arriving later cause no page faults
-      vals_.prefault();
-      delta_.prefault();
-    }
-    meta_.reset(new Meta[static_cast<size_t>(num_keys)]);
-    for (int64_t k = 0; k < num_keys; ++k) {
-      int h = home(k);
-      meta_[k].hint = h;
-      meta_[k].owner = h;
-      if (h == rank_) meta_[k].state = OWNED;
-    }
+    if (prefault) delta_.prefault();  // commit the arenas now: keys arriving later cause no page faults
+    setup_shared(shared_memory, prefault);
     clocks_ = std::vector<std::atomic<int64_t>>(num_workers);
     for (auto& c : clocks_) c.store(0);
     synced_ = std::vector<std::atomic<int64_t>>(num_workers);
@@ -277,59 +270,145 @@ class Engine {
       using T = decltype(tag);
       add_ = &add_values<T>;
     });
-    setup_doorbells();
     running_ = true;
     thread_ = std::thread([this] { loop(); });
   }
 
-  /// Collective: every rank maps the doorbells of its node-local peers.
-  void setup_doorbells() {
+  /// Collective. Every rank creates one owner-only shared segment holding its
+  /// doorbell and, when `share_data`, its key records and value arena; every
+  /// node-local peer maps it, then the name is unlinked. A peer's shared
+  /// shard is then read and updated in place (under the key's lock, while
+  /// the peer owns the key) instead of through messages.
+  void setup_shared(bool share_data, bool prefault) {
+    const size_t vbytes = static_cast<size_t>(off_[num_keys_] * isz_) + 64;
+    const size_t mbytes = (static_cast<size_t>(num_keys_) * sizeof(Meta) + 4095) / 4096 * 4096;
+    MPI_Comm node;
+    distkit::mpi::check(MPI_Comm_split_type(coll_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
+                        "MPI_Comm_split_type");
+    if (const char* sim = std::getenv("KVPS_NODE_ID")) {
+      // testing: ranks with different ids act as if on different nodes
+      MPI_Comm sub;
+      distkit::mpi::check(MPI_Comm_split(node, std::atoi(sim), rank_, &sub), "MPI_Comm_split");
+      MPI_Comm_free(&node);
+      node = sub;
+    }
+    int nsize = 0;
+    MPI_Comm_size(node, &nsize);
+    if (share_data && nsize > 1) {
+      // tmpfs pages are allocated on first touch; a full /dev/shm would kill
+      // the process with SIGBUS later, so share only what surely fits
+      struct statvfs sv;
+      const double need = double(nsize) * double(vbytes + mbytes);
+      if (statvfs("/dev/shm", &sv) != 0 || double(sv.f_bavail) * double(sv.f_frsize) < need) {
+        if (rank_ == 0)
+          std::fprintf(stderr,
+                       "kvps: /dev/shm has too little free space for %d co-located shards (%.0f MiB); ranks on "
+                       "this node exchange messages instead of sharing memory\n",
+                       nsize, need / 1048576.0);
+        share_data = false;
+      }
+    } else {
+      share_data = false;
+    }
     bool shm = true;
     try {
-      bell_seg_ = distkit::ShmSegment::create(4096);
+      bell_seg_ = distkit::ShmSegment::create(4096 + (share_data ? mbytes + vbytes : 0));
       mybell_ = new (bell_seg_.data()) Doorbell();
     } catch (const distkit::Error&) {
       // no POSIX shared memory here: a private doorbell (workers still wake
       // the engine; peers' messages are found by polling every 100 us)
       shm = false;
+      share_data = false;
       own_bell_ = std::make_unique<Doorbell>();
       mybell_ = own_bell_.get();
     }
+    if (share_data) {
+      char* base = static_cast<char*>(bell_seg_.data());
+      meta_ = reinterpret_cast<Meta*>(base + 4096);
+      std::uninitialized_default_construct_n(meta_, num_keys_);
+      vbase_ = base + 4096 + mbytes;
+#ifdef MADV_HUGEPAGE
+      if (vbytes >= (size_t(64) << 20)) madvise(vbase_ - mbytes, vbytes + mbytes, MADV_HUGEPAGE);
+#endif
+      if (prefault) {
+        volatile char* v = vbase_;
+        for (size_t o = 0; o < vbytes; o += 4096) v[o] = 0;
+      }
+    } else {
+      meta_own_.reset(new Meta[static_cast<size_t>(num_keys_)]);
+      meta_ = meta_own_.get();
+      vals_ = Arena(vbytes);
+      vbase_ = vals_.data();
+      if (prefault) vals_.prefault();
+    }
+    for (int64_t k = 0; k < num_keys_; ++k) {
+      const int h = home(k);
+      meta_[k].hint = h;
+      meta_[k].owner = h;
+      if (h == rank_) meta_[k].state = OWNED;
+    }
     bells_.assign(size_, nullptr);
     bells_[rank_] = mybell_;
-    MPI_Comm node;
-    distkit::mpi::check(MPI_Comm_split_type(coll_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
-                        "MPI_Comm_split_type");
-    int nsize = 0;
-    MPI_Comm_size(node, &nsize);
-    constexpr int kName = 64;
-    char mine[kName] = {0};
-    if (shm) std::snprintf(mine, kName, "%s", bell_seg_.name().c_str());
-    std::vector<char> names(static_cast<size_t>(nsize) * kName);
+    pmeta_.assign(size_, nullptr);
+    pvals_.assign(size_, nullptr);
+    pmeta_[rank_] = meta_;
+    pvals_[rank_] = vbase_;
+    struct Card {
+      char name[60];
+      int32_t data;
+    };
+    Card mine{};
+    if (shm) std::snprintf(mine.name, sizeof(mine.name), "%s", bell_seg_.name().c_str());
+    mine.data = share_data ? 1 : 0;
+    std::vector<Card> cards(nsize);
     std::vector<int> ranks(nsize);
-    distkit::mpi::check(MPI_Allgather(mine, kName, MPI_CHAR, names.data(), kName, MPI_CHAR, node), "MPI_Allgather");
+    distkit::mpi::check(MPI_Allgather(&mine, sizeof(Card), MPI_BYTE, cards.data(), sizeof(Card), MPI_BYTE, node),
+                        "MPI_Allgather");
     distkit::mpi::check(MPI_Allgather(&rank_, 1, MPI_INT, ranks.data(), 1, MPI_INT, node), "MPI_Allgather");
     int reachable = 1;
+    peer_segs_.reserve(nsize);
     for (int i = 0; i < nsize; ++i) {
-      if (ranks[i] == rank_) continue;
-      std::string nm(names.data() + static_cast<size_t>(i) * kName);
-      if (nm.empty()) continue;  // that rank has no shared doorbell
+      const int r = ranks[i];
+      if (r == rank_) continue;
+      std::string nm(cards[i].name, strnlen(cards[i].name, sizeof(cards[i].name)));
+      if (nm.empty()) continue;  // that rank has no shared segment
       try {
-        peer_segs_.push_back(distkit::ShmSegment::open(nm, 4096));
-        bells_[ranks[i]] = static_cast<Doorbell*>(peer_segs_.back().data());
+        peer_segs_.push_back(distkit::ShmSegment::open(nm, 4096 + (cards[i].data ? mbytes + vbytes : 0)));
+        char* base = static_cast<char*>(peer_segs_.back().data());
+        bells_[r] = reinterpret_cast<Doorbell*>(base);
+        if (cards[i].data) {
+          pmeta_[r] = reinterpret_cast<Meta*>(base + 4096);
+          pvals_[r] = base + 4096 + mbytes;
+          any_peer_data_ = true;
+        }
         ++reachable;
       } catch (const distkit::Error&) {
       }
     }
-    MPI_Barrier(node);  // everybody mapped every doorbell: drop the names
+    MPI_Barrier(node);  // everybody mapped every segment: drop the names
     if (shm) bell_seg_.unlink();
     MPI_Comm_free(&node);
+    if (share_data) mybell_->data_live.store(1);
+    // who reaches whose shard in place: intent does not move a key between
+    // two such ranks (it is served in place already)
+    std::vector<uint8_t> mine_reach(size_, 0);
+    for (int r = 0; r < size_; ++r) mine_reach[r] = r == rank_ || pvals_[r] != nullptr ? 1 : 0;
+    reach_.resize(static_cast<size_t>(size_) * size_);
+    distkit::mpi::check(MPI_Allgather(mine_reach.data(), size_, MPI_BYTE, reach_.data(), size_, MPI_BYTE, coll_),
+                        "MPI_Allgather");
+    all_reach_ = std::all_of(reach_.begin(), reach_.end(), [](uint8_t x) { return x != 0; });
     // A peer that cannot ring us (another node, or no shared doorbell) is
     // polled every 100 us when idle; if all can, 5 ms is only a safety net.
     int all_ring = shm && reachable == size_ ? 1 : 0;
     distkit::mpi::check(MPI_Allreduce(MPI_IN_PLACE, &all_ring, 1, MPI_INT, MPI_MIN, coll_), "MPI_Allreduce");
     idle_timeout_us_ = all_ring ? 5000 : 100;
   }
+
+  /// Keys served so far by this rank's workers: from its own shard, from a
+  /// node-local peer's shard in shared memory, and through messages.
+  std::array<int64_t, 3> stats() const { return {n_local_.load(), n_shared_.load(), n_remote_.load()}; }
+  /// Whether this rank reads and updates node-local peers' shards in place.
+  bool shares_memory() const { return any_peer_data_; }
 
   ~Engine() { stop(); }
 
@@ -371,10 +450,11 @@ class Engine {
     }
     std::vector<uint8_t> remote(n, 0);
     std::atomic<int64_t> nremote{0};
-    char* const arena = vals_.data();
+    char* const arena = vbase_;
     char* const darena = delta_.data();
+    std::atomic<int64_t> nshared{0};
     distkit::parallel_for(0, n, 8192, [&](int64_t lo, int64_t hi) {
-      int64_t r = 0;
+      int64_t r = 0, sh = 0;
       constexpr int64_t kAhead = 8;
       for (int64_t i = lo; i < hi; ++i) {
         if (i + kAhead < hi) {
@@ -409,12 +489,20 @@ class Engine {
           l.unlock();
         } else {
           l.unlock();
-          remote[i] = 1;
-          ++r;
+          if (any_peer_data_ && direct(op, k, v, len, eoff)) {
+            ++sh;
+          } else {
+            remote[i] = 1;
+            ++r;
+          }
         }
       }
       if (r) nremote += r;
+      if (sh) nshared += sh;
     });
+    n_shared_ += nshared.load();
+    n_remote_ += nremote.load();
+    n_local_ += n - nshared.load() - nremote.load();
     if (nremote.load() == 0) return -1;
     Cmd c;
     c.type = op;
@@ -473,7 +561,8 @@ class Engine {
 
   void intent(int worker, const int64_t* keys, int64_t n, int64_t start, int64_t end) {
     check_alive();
-    if (n == 0 || tech_ == T_NONE) return;
+    // (every shard is served in place on this node: no key needs to move)
+    if (n == 0 || tech_ == T_NONE || all_reach_) return;
     Cmd c;
     c.type = C_INTENT;
     c.worker = worker;
@@ -603,7 +692,7 @@ class Engine {
     int64_t o = 0;
     for (int64_t i = 0; i < n; ++i) {
       int64_t k = keys[i];
-      std::memcpy(out + o, vals_.data() + off_[k] * isz_, len_[k] * isz_);
+      std::memcpy(out + o, vbase_ + off_[k] * isz_, len_[k] * isz_);
       o += len_[k] * isz_;
     }
   }
@@ -611,7 +700,7 @@ class Engine {
     int64_t o = 0;
     for (int64_t i = 0; i < n; ++i) {
       int64_t k = keys[i];
-      std::memcpy(vals_.data() + off_[k] * isz_, in + o, len_[k] * isz_);
+      std::memcpy(vbase_ + off_[k] * isz_, in + o, len_[k] * isz_);
       o += len_[k] * isz_;
     }
   }
@@ -649,6 +738,7 @@ class Engine {
   void begin_shutdown() { shutting_down_ = true; }
 
   void stop() {
+    if (mybell_) mybell_->data_live.store(0);  // peers stop using this shard in place
     if (!running_.exchange(false)) return;
     if (mybell_) ring(mybell_);
     if (thread_.joinable()) thread_.join();
@@ -663,6 +753,49 @@ class Engine {
 
  private:
   SpinLock& lock_of(int64_t k) { return meta_[k].lock; }
+
+  /// Serve one key in place in the shard of a node-local peer that owns it
+  /// (tried: this rank's routing hint, then the owner in the home's
+  /// directory). Ownership is checked under the key's lock in the peer's
+  /// records, which every path that moves or changes the key also takes.
+  bool direct(int op, int64_t k, char* v, int64_t len, int64_t eoff) {
+    const int p = __atomic_load_n(&meta_[k].hint, __ATOMIC_RELAXED);
+    if (p != rank_ && pmeta_[p] && try_direct(p, op, k, v, len, eoff)) return true;
+    const int h = home(k);
+    if (!pmeta_[h]) return false;
+    const int o = __atomic_load_n(&pmeta_[h][k].owner, __ATOMIC_RELAXED);
+    if (o == p || o == rank_ || o < 0 || o >= size_ || !pmeta_[o]) return false;
+    return try_direct(o, op, k, v, len, eoff);
+  }
+
+  bool try_direct(int p, int op, int64_t k, char* v, int64_t len, int64_t eoff) {
+    Meta& m = pmeta_[p][k];
+    // a peer that died holding the lock must not hang us: give up when the
+    // engine learns of the failure
+    int spins = 0;
+    while (m.lock.f.test_and_set(std::memory_order_acquire)) {
+      if (++spins > 64) {
+        std::this_thread::yield();
+        if ((spins & 0xFFFF) == 0 && (failed_ || !running_.load())) return false;
+      }
+    }
+    if (m.state != OWNED || !bells_[p]->data_live.load(std::memory_order_relaxed)) {
+      m.lock.unlock();
+      return false;
+    }
+    char* slot = pvals_[p] + eoff * isz_;
+    if (op == M_PULL) {
+      std::memcpy(v, slot, static_cast<size_t>(len * isz_));
+    } else if (op == M_SET) {
+      std::memcpy(slot, v, static_cast<size_t>(len * isz_));
+      ++m.ver;
+    } else {
+      add_(slot, v, len);
+      ++m.ver;
+    }
+    m.lock.unlock();
+    return true;
+  }
 
   void check_alive() {
     if (failed_) throw distkit::Error(error_);
@@ -1215,7 +1348,7 @@ class Engine {
           auto& l = lock_of(k);
           l.lock();
           if (meta_[k].state == NOT_HERE && meta_[k].want > 0 && !shutting_down_) {
-            std::memcpy(vals_.data() + off_[k] * isz_, v, len_[k] * isz_);
+            std::memcpy(vbase_ + off_[k] * isz_, v, len_[k] * isz_);
             std::memset(delta_.data() + off_[k] * isz_, 0, len_[k] * isz_);
             meta_[k].ver = static_cast<uint32_t>(pos[i]);
             meta_[k].dirty = 0;
@@ -1236,7 +1369,7 @@ class Engine {
           auto& l = lock_of(k);
           l.lock();
           if (meta_[k].state == REPLICA) {
-            char* slot = vals_.data() + off_[k] * isz_;
+            char* slot = vbase_ + off_[k] * isz_;
             std::memcpy(slot, v, len_[k] * isz_);
             add_(slot, delta_.data() + off_[k] * isz_, len_[k]);  // local pushes since the request
             meta_[k].ver = static_cast<uint32_t>(pos[i]);
@@ -1424,17 +1557,18 @@ class Engine {
         intender_add(k, r);
         const int cnt = intender_count(k);
         if (!moving) continue;
+        // (a rank that reaches the owner's shard in place needs no move)
+        const int own = meta_[k].owner;
         if (tech_ == T_RELOC_ONLY) {
-          if (cnt == 1 && meta_[k].owner != r) relocate(k, r, ob);
+          if (cnt == 1 && !reaches(r, own)) relocate(k, r, ob);
         } else if (tech_ == T_REPL_ONLY) {
-          if (meta_[k].owner != r) grant_replica(k, r, ob);
+          if (!reaches(r, own)) grant_replica(k, r, ob);
         } else if (tech_ == T_ALL) {
           if (cnt == 1) {
-            if (meta_[k].owner != r) relocate(k, r, ob);
+            if (!reaches(r, own)) relocate(k, r, ob);
           } else {
-            const int own = meta_[k].owner;
             for_intenders(k, [&](int q) {
-              if (q != own) grant_replica(k, q, ob);
+              if (!reaches(q, own)) grant_replica(k, q, ob);
             });
           }
         }
@@ -1443,7 +1577,7 @@ class Engine {
         if (moving && tech_ == T_ALL && intender_count(k) == 1) {
           int q = -1;
           for_intenders(k, [&](int x) { q = x; });
-          if (meta_[k].owner != q) relocate(k, q, ob);
+          if (!reaches(q, meta_[k].owner)) relocate(k, q, ob);
         }
       }
     }
@@ -1454,7 +1588,7 @@ class Engine {
     auto& l = lock_of(k);
     l.lock();
     const uint8_t st = meta_[k].state;
-    char* slot = vals_.data() + off_[k] * isz_;
+    char* slot = vbase_ + off_[k] * isz_;
     const size_t bytes = static_cast<size_t>(len_[k] * isz_);
     if (st == OWNED) {
       switch (type) {
@@ -1546,7 +1680,7 @@ class Engine {
   void handover(int64_t k, const char* v, uint32_t ver, Outbox& ob) {
     auto& l = lock_of(k);
     l.lock();
-    char* slot = vals_.data() + off_[k] * isz_;
+    char* slot = vbase_ + off_[k] * isz_;
     std::memcpy(slot, v, len_[k] * isz_);
     if (prof_ && !inc_t_.empty() && inc_t_[k] > 0) {
       const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -1612,7 +1746,16 @@ class Engine {
     uint32_t ver = 0;       // version of the value held here (owner: bumped by every update)
     uint64_t imask = 0;     // home: intending ranks (size <= 64)
   };
-  std::unique_ptr<Meta[]> meta_;
+  Meta* meta_ = nullptr;              // this rank's records (in its shared segment when shared)
+  std::unique_ptr<Meta[]> meta_own_;  // ... or here
+  char* vbase_ = nullptr;             // this rank's value arena (shared segment or vals_)
+  std::vector<Meta*> pmeta_;          // node-local peers' records (nullptr: not shared)
+  std::vector<char*> pvals_;          // node-local peers' value arenas
+  bool any_peer_data_ = false;
+  std::vector<uint8_t> reach_;  // reach_[a * size + b]: rank a serves keys of rank b's shard in place
+  bool all_reach_ = false;      // every rank reaches every shard (one node, memory shared)
+  bool reaches(int a, int b) const { return reach_[static_cast<size_t>(a) * size_ + b] != 0; }
+  std::atomic<int64_t> n_local_{0}, n_shared_{0}, n_remote_{0};  // keys served, per path
   bool use_mask_ = true;
 
   void (*add_)(char*, const char*, int64_t) = nullptr;

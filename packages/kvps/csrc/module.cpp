@@ -29,13 +29,19 @@ PYBIND11_MODULE(_kvps, m) {
 
   py::class_<Engine>(m, "Engine")
       .def(py::init([](uintptr_t comm, uintptr_t coll, int64_t num_keys, uintptr_t lengths, int dtype, int workers,
-                       int technique, int64_t lookahead, int64_t sync_every, bool prefault) {
+                       int technique, int64_t lookahead, int64_t sync_every, bool prefault, bool shared_memory) {
              return new Engine(comm, coll, num_keys, ptr<const int64_t>(lengths), dtype, workers, technique, lookahead,
-                               sync_every, prefault);
+                               sync_every, prefault, shared_memory);
            }),
            py::arg("comm"), py::arg("coll"), py::arg("num_keys"), py::arg("lengths"), py::arg("dtype"),
            py::arg("num_workers"), py::arg("technique"), py::arg("lookahead"), py::arg("sync_every") = 1,
-           py::arg("prefault") = false)
+           py::arg("prefault") = false, py::arg("shared_memory") = true)
+      .def("stats",
+           [](Engine& e) {
+             auto s = e.stats();
+             return py::make_tuple(s[0], s[1], s[2]);
+           })
+      .def_property_readonly("shares_memory", &Engine::shares_memory)
       .def_property_readonly("rank", &Engine::rank)
       .def_property_readonly("size", &Engine::size)
       .def_property_readonly("num_keys", &Engine::num_keys)

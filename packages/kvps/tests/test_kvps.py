@@ -19,17 +19,22 @@ SCRIPTS = Path(__file__).parent / "scripts"
 @pytest.mark.parametrize(
     ("nprocs", "scenarios"),
     [
-        (1, ["all:20000", "none:4000"]),
-        (2, ["all:100000", "relocation_only:10000"]),
-        (3, ["all:20000", "replication_only:10000", "none:6000"]),
-        (4, ["all:100000", "relocation_only:10000", "replication_only:8000"]),
+        (1, ["all:20000", "none:4000:shm"]),
+        (2, ["all:100000:shm", "relocation_only:10000", "none:10000:shm"]),
+        (3, ["all:20000", "replication_only:10000:shm", "none:6000"]),
+        (4, ["all:100000", "relocation_only:10000:shm", "replication_only:8000"]),
     ],
 )
 def test_core_behaviours(nprocs: int, scenarios: list[str]) -> None:
-    """100k concurrent key pushes sum exactly, monotone pulls, intent locality, replicas, bad input."""
+    """100k concurrent key pushes sum exactly, monotone pulls, intent locality, replicas, bad input.
+
+    ``:shm`` scenarios let co-located ranks serve each other's keys in shared
+    memory (while keys relocate); the others send every foreign key as a message.
+    """
     res = run_mpi(str(SCRIPTS / "core.py"), nprocs, args=tuple(scenarios), timeout=180)
     for spec in scenarios:
-        assert f"core ok: technique={spec.split(':')[0]} ranks={nprocs}" in res.stdout
+        tech, _, *flags = spec.split(":")
+        assert f"core ok: technique={tech} ranks={nprocs} shm={flags == ['shm']}" in res.stdout
 
 
 @pytest.mark.mpi
@@ -98,10 +103,13 @@ def test_key_range_error_is_index_and_value_error() -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs", [1, 3])
-def test_adapm_ports(nprocs: int) -> None:
-    """AdaPM's example.py and tests/*.cc (set, dynamic allocation, locality, many keys, variable lengths, sampling)."""
-    res = run_mpi(str(SCRIPTS / "adapm_port.py"), nprocs, timeout=180)
+@pytest.mark.parametrize(("nprocs", "shm"), [(1, "1"), (3, "1"), (3, "0")])
+def test_adapm_ports(nprocs: int, shm: str) -> None:
+    """AdaPM's example.py and tests/*.cc (set, dynamic allocation, locality, many keys, variable lengths, sampling).
+
+    Run with co-located shards shared in memory (the default) and without (every foreign key a message).
+    """
+    res = run_mpi(str(SCRIPTS / "adapm_port.py"), nprocs, timeout=180, env={"KVPS_SHARED_MEMORY": shm})
     for part in ("example", "set/dynamic/locality/many", "varlen/sampling"):
         assert f"port ok: {part}" in res.stdout, res.stdout
 
@@ -126,6 +134,15 @@ def test_server_rejects_bad_value_lengths() -> None:
         kvps.Server(3, replica_sync_every=0)
     with pytest.raises(ValueError, match="intent_lookahead"):
         kvps.Server(3, intent_lookahead=-1)
+    with pytest.raises(TypeError, match="shared_memory"):
+        kvps.Server(3, shared_memory="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.mpi
+def test_two_nodes_share_memory_within_a_node() -> None:
+    """4 ranks as 2 nodes: in place within a node, relocated/replicated across, exact sums over all paths."""
+    res = run_mpi(str(SCRIPTS / "nodes.py"), 4, timeout=120)
+    assert "nodes ok: relocation_only" in res.stdout and "nodes ok: all" in res.stdout, res.stdout
 
 
 @pytest.mark.mpi

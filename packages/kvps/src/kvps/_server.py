@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import weakref
 from dataclasses import dataclass
@@ -122,6 +123,13 @@ class Server:
         itemsize`` bytes of RAM per rank) instead of page by page when keys
         first arrive (relocations/replicas of fresh keys then cost no page
         faults). Default False: memory is committed on first use.
+    shared_memory : bool, optional
+        Ranks on the same node read and update each other's shards in place
+        through owner-only shared memory (no message, the call returns -1)
+        whenever the peer owns the key. Default: on, unless the environment
+        variable ``KVPS_SHARED_MEMORY`` is ``0``/``false``/``off``. Switch it
+        off to measure what ranks on different nodes would see. Memory is
+        shared only when ``/dev/shm`` can hold every co-located shard.
     comm : mpi4py.MPI.Comm, optional
         The communicator to span (duplicated); ``MPI.COMM_WORLD`` by default.
 
@@ -141,6 +149,7 @@ class Server:
         intent_lookahead: int = 2,
         replica_sync_every: int = 1,
         prefault: bool = False,
+        shared_memory: bool | None = None,
         comm: Any = None,
     ) -> None:
         if _config is None:
@@ -152,6 +161,10 @@ class Server:
         self.lookahead = check_int(intent_lookahead, "intent_lookahead", lo=0)
         self.replica_sync_every = check_int(replica_sync_every, "replica_sync_every", lo=1)
         self.lengths = _lengths_array(value_lengths, self._cfg.num_keys)
+        if shared_memory is None:
+            shared_memory = os.environ.get("KVPS_SHARED_MEMORY", "1").strip().lower() not in ("0", "false", "off", "no")
+        elif not isinstance(shared_memory, bool):
+            raise TypeError(f"shared_memory must be a bool or None, got {type(shared_memory).__name__}")
         if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
             raise RuntimeError(
                 "kvps needs MPI_THREAD_MULTIPLE; mpi4py initialised MPI with a lower thread level "
@@ -171,6 +184,7 @@ class Server:
             self.lookahead,
             self.replica_sync_every,
             bool(prefault),
+            shared_memory,
         )
         self._closed = False
         self._sampling: _SamplingConfig | None = None
@@ -191,6 +205,23 @@ class Server:
     def technique(self) -> str:
         """The ``use_techniques`` setting."""
         return self._cfg.technique
+
+    @property
+    def shares_memory(self) -> bool:
+        """Whether this rank reads and updates node-local peers' shards in place."""
+        return bool(self._engine.shares_memory)
+
+    def stats(self) -> dict[str, int]:
+        """How this rank's workers' keys were served so far.
+
+        Returns
+        -------
+        dict
+            ``local``: from this rank's shard or replicas; ``shared``: in place
+            in a node-local peer's shard; ``remote``: through messages.
+        """
+        loc, shared, remote = self._engine.stats()
+        return {"local": int(loc), "shared": int(shared), "remote": int(remote)}
 
     def my_rank(self) -> int:
         """This process's rank."""

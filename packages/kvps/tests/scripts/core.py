@@ -1,6 +1,8 @@
 """Core behaviours of kvps on N ranks x 2 worker threads (run under mpiexec).
 
-Usage: core.py <technique>:<key_pushes_total> [...]   (one scenario each, in one launch)
+Usage: core.py <technique>:<key_pushes_total>[:shm] [...]   (one scenario each, in one launch;
+       ":shm" lets co-located ranks serve each other's keys in shared memory,
+       else every key of another rank goes through messages)
 Checks (plain asserts; any failure aborts the job):
   * concurrent pushes from every rank and thread (while keys relocate and
     replicate under localize/intent traffic) sum exactly;
@@ -10,7 +12,9 @@ Checks (plain asserts; any failure aborts the job):
     for the techniques that move keys;
   * set then pushes = set + sum; replicas converge after sync rounds and are
     dropped when the intent ends;
-  * variable value lengths; a key count the rank count does not divide.
+  * variable value lengths; a key count the rank count does not divide;
+  * with shared memory, keys of co-located ranks are served in place (no
+    message, ts == -1) while they relocate, and everything above still holds.
 """
 
 from __future__ import annotations
@@ -32,13 +36,14 @@ comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 
 
-def scenario(TECH: str, TOTAL: int) -> None:
+def scenario(TECH: str, TOTAL: int, SHM: bool) -> None:
     NK = 1003
     NT = 2
 
     kvps.setup(NK, NT, TECH)
     lengths = (1 + np.arange(NK) % 3).astype(np.int64)
-    server = kvps.Server(lengths)
+    server = kvps.Server(lengths, shared_memory=SHM)
+    assert server.shares_memory == (SHM and size > 1)
     assert server.my_rank() == rank
     workers = [kvps.Worker(t, server) for t in range(NT)]
     w0 = workers[0]
@@ -124,17 +129,20 @@ def scenario(TECH: str, TOTAL: int) -> None:
     ts_mine, _ = pull(w0, mine)
     ts_shared, _ = pull(w0, shared)
     if TECH == "none":
-        assert size == 1 or ts_mine != -1
+        # another rank's key: a message, or in place in its shard (one node)
+        assert ts_mine == -1 if SHM or size == 1 else ts_mine != -1
     elif TECH in ("all", "relocation_only"):
         assert ts_mine == -1, f"{TECH}: intended keys not local after wait_sync"
+    # one node sharing memory: every shard is served in place, intent moves nothing
+    moved = not (SHM and size > 1)
     if TECH in ("all", "replication_only"):
         assert ts_shared == -1, f"{TECH}: shared intended keys not local after wait_sync"
         nrep = comm.allreduce(server._engine.num_replicas())
         if size > 1:
-            assert nrep > 0, "no replicas were made for keys intended by every rank"
+            assert (nrep > 0) == moved, f"{nrep} replicas for keys intended by every rank"
     for k in mine:
         st = server._engine.key_state(int(k))
-        if TECH in ("all", "relocation_only"):
+        if TECH in ("all", "relocation_only") and moved:
             assert st == 1, (k, st)
     # push rank+1 to the shared keys (local on replicas), converge
     w0.push(shared, vals_for(shared, float(rank + 1)))
@@ -210,6 +218,11 @@ def scenario(TECH: str, TOTAL: int) -> None:
     w0.pull(tk, tv)
     assert torch.equal(tv, torch.from_numpy(np.repeat(expected[[0, 3, 6]].astype(np.float32), lengths[[0, 3, 6]])))
     server.barrier()
+    st = server.stats()
+    if size > 1:  # which path served the keys of other ranks
+        # (with shared memory only keys in flight between ranks take messages)
+        assert (st["shared"] > 0) == SHM and (st["remote"] > st["shared"]) == (not SHM), st
+    assert st["local"] > 0, st
     server.shutdown()
     raises(RuntimeError, w0.pull, k3, np.ones(n3, np.float32), match="shut down")
     # a float64 server: pushes from every rank sum exactly in double precision
@@ -226,9 +239,9 @@ def scenario(TECH: str, TOTAL: int) -> None:
         w64.push(k64, np.zeros(3 * len(k64), dtype=np.float32))
     s64.shutdown()
     if rank == 0:
-        print(f"core ok: technique={TECH} ranks={size} key_pushes={int(expected.sum())}")
+        print(f"core ok: technique={TECH} ranks={size} shm={SHM} key_pushes={int(expected.sum())} served={st}")
 
 
 for spec in sys.argv[1:]:
-    tech, total = spec.split(":")
-    scenario(tech, int(total))
+    tech, total, *flags = spec.split(":")
+    scenario(tech, int(total), flags == ["shm"])
