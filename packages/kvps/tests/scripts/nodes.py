@@ -32,7 +32,7 @@ for tech in ("relocation_only", "all"):
     assert s.shares_memory
     e = s._engine
     buf = np.zeros(L * 5, dtype=np.float32)
-    same = np.array([k for k in range(NK) if k % size == 1][:5], dtype=np.int64)   # rank 1: node 0
+    same = np.array([k for k in range(NK) if k % size == 1][:5], dtype=np.int64)  # rank 1: node 0
     other = np.array([k for k in range(NK) if k % size == 2][:5], dtype=np.int64)  # rank 2: node 1
     if rank == 2:  # a key on the other node is a message
         assert w.pull(np.arange(0, 20, 4, dtype=np.int64), buf) != -1
