@@ -455,7 +455,7 @@ class Engine {
     std::atomic<int64_t> nshared{0};
     distkit::parallel_for(0, n, 8192, [&](int64_t lo, int64_t hi) {
       int64_t r = 0, sh = 0;
-      constexpr int64_t kAhead = 8;
+      constexpr int64_t kAhead = 24;
       for (int64_t i = lo; i < hi; ++i) {
         if (i + kAhead < hi) {
           const int64_t kp = keys[i + kAhead];
