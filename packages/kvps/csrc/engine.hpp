@@ -1174,6 +1174,8 @@ class Engine {
 
   void process_intents(int w, Outbox& ob) {
     const int64_t c = clocks_[w].load();
+    // (the state is written by this thread only: read without the key lock)
+    const bool quiet = tech_ == T_ALL || tech_ == T_REPL_ONLY;
     std::vector<int64_t> add, drop;
     auto& pend = pending_intents_[w];
     auto& act = active_intents_[w];
@@ -1185,7 +1187,15 @@ class Engine {
       for (int64_t i = 0; i < ne; ++i) {
         ahead(e.keys.data(), ne, i, false);
         const int64_t k = e.keys[i];
-        if (meta_[k].want++ == 0) add.push_back(k);
+        if (meta_[k].want++ != 0) continue;
+        if (quiet && meta_[k].state == OWNED) {
+          // held here already: no need to tell the home. Should another
+          // rank's intent move the key away, the transfer leaves a replica
+          // here while this rank still wants it (see serve(M_TRANSFER)).
+          meta_[k].flags |= F_QUIET;
+        } else {
+          add.push_back(k);
+        }
       }
       int64_t end = e.end;
       act.insert({end, std::move(e)});
@@ -1200,11 +1210,17 @@ class Engine {
         if (--meta_[k].want == 0) drop.push_back(k);
       }
     }
+    std::vector<int64_t> told;  // drops the home must hear of (it heard of the add)
     if (!add.empty()) send_intent(M_INTENT_ADD, add, ob);
     if (!drop.empty()) {
       std::vector<int64_t> flushk;
       for (int64_t k : drop) {
         if (meta_[k].want != 0) continue;  // re-added in this round
+        if (meta_[k].flags & F_QUIET) {
+          meta_[k].flags &= ~F_QUIET;
+        } else {
+          told.push_back(k);
+        }
         auto& l = lock_of(k);
         l.lock();
         if (meta_[k].state == REPLICA && !(meta_[k].flags & F_INCOMING)) {
@@ -1237,7 +1253,7 @@ class Engine {
           o.vals.insert(o.vals.end(), b.vals.begin(), b.vals.end());
         }
       }
-      send_intent(M_INTENT_DROP, drop, ob);
+      if (!told.empty()) send_intent(M_INTENT_DROP, told, ob);
     }
   }
 
@@ -1753,7 +1769,8 @@ class Engine {
     }
   }
 
-  static constexpr uint8_t F_DELTA = 1, F_FETCHING = 2, F_SYNCING = 4, F_INCOMING = 8, F_NOTICED = 16;
+  static constexpr uint8_t F_DELTA = 1, F_FETCHING = 2, F_SYNCING = 4, F_INCOMING = 8, F_NOTICED = 16,
+                          F_QUIET = 32;  // F_QUIET: an intent the home was not told of
   int64_t noticed_pending_ = 0;  // keys the home moved here whose value has not arrived
 
   MPI_Comm comm_, coll_;
