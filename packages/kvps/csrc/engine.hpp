@@ -763,9 +763,9 @@ class Engine {
     if (j >= n) return;
     const int64_t k = keys[j];
     __builtin_prefetch(&meta_[k], 1);
-    if (val) {
+    if (val) {  // (uniform lengths: no lookup in off_/len_, one miss less)
       const char* p = vbase_ + (uniform_ ? k * len_[0] : off_[k]) * isz_;
-      const int64_t bytes = std::min<int64_t>(len_[k] * isz_, 256);
+      const int64_t bytes = std::min<int64_t>((uniform_ ? len_[0] : len_[k]) * isz_, 256);
       for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 1);
     }
   }
@@ -1174,7 +1174,6 @@ class Engine {
 
   void process_intents(int w, Outbox& ob) {
     const int64_t c = clocks_[w].load();
-    // (the state is written by this thread only: read without the key lock)
     const bool quiet = tech_ == T_ALL || tech_ == T_REPL_ONLY;
     std::vector<int64_t> add, drop;
     auto& pend = pending_intents_[w];
@@ -1188,7 +1187,7 @@ class Engine {
         ahead(e.keys.data(), ne, i, false);
         const int64_t k = e.keys[i];
         if (meta_[k].want++ != 0) continue;
-        if (quiet && meta_[k].state == OWNED) {
+        if (quiet && meta_[k].state == OWNED) {  // (state: written by this thread only)
           // held here already: no need to tell the home. Should another
           // rank's intent move the key away, the transfer leaves a replica
           // here while this rank still wants it (see serve(M_TRANSFER)).
@@ -1210,10 +1209,10 @@ class Engine {
         if (--meta_[k].want == 0) drop.push_back(k);
       }
     }
-    std::vector<int64_t> told;  // drops the home must hear of (it heard of the add)
     if (!add.empty()) send_intent(M_INTENT_ADD, add, ob);
     if (!drop.empty()) {
       std::vector<int64_t> flushk;
+      std::vector<int64_t> told;  // drops the home must hear of (it heard of the add)
       for (int64_t k : drop) {
         if (meta_[k].want != 0) continue;  // re-added in this round
         if (meta_[k].flags & F_QUIET) {
