@@ -156,7 +156,19 @@ def run_pytest(session: nox.Session, packages: list[str], paths: list[str] | Non
 
 #: sibling packages a package's tests also exercise through its optional extras
 #: (kvps[distx]: server.save(format="distx") writes distx-fake's checkpoint format)
-TEST_EXTRAS: dict[str, list[str]] = {"kvps": ["distx-fake"]}
+TEST_EXTRAS: dict[str, list[str]] = {
+    "kvps": ["distx-fake"],
+}
+
+#: third-party test-only requirements of a package's tests (pinned: they are the interop references)
+TEST_REQUIREMENTS: dict[str, list[str]] = {
+    "common": [],
+    "wholemem": [],
+    "shardlayers": [],
+    "distx-fake": [],
+    "kvps": [],
+    "mpiad": [],
+}
 
 
 @nox.session(python="3.11")
@@ -172,7 +184,7 @@ def tests(session: nox.Session, package: str) -> None:
         install_wheels(session, [p for p in PACKAGES if p != "common"])
         run_pytest(session, [], paths=[str(ROOT / "tools" / "tests")])
         return
-    install_base(session)
+    install_base(session, extra=tuple(TEST_REQUIREMENTS.get(package, [])))
     optional = TEST_EXTRAS.get(package, [])
     build_wheels(session, [package, *optional])
     install_wheels(session, [package, *optional])
