@@ -166,6 +166,9 @@ class _Window:
             for o in outs:
                 if _deferred._storage_key(o) != self.key:
                     raise self._unsupported(f"{func} builds it from another deferred tensor")
+            for o in outs:
+                if o.dtype != self.t.dtype:  # e.g. module.double() inside deferred_init
+                    raise self._unsupported(f"{func} records it as {o.dtype}, but the parameter is {self.t.dtype}")
             if func in _FACTORIES:
                 if outs and outs[0].numel() != self.t.numel():
                     raise self._unsupported(f"{func} creates a tensor of another size")

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .._materialize import is_deferred_tensor
-from ._convert import Options, check, convert
+from ._convert import Options, check, convert, finish
 from ._hooks import full_positions
 from ._match import match_plan
 from ._styles import Spec, resolve
@@ -176,9 +176,12 @@ def parallelize_module(
         if new is not old:
             parent_name, _, child = name.rpartition(".")
             setattr(modules[parent_name] if parent_name else module, child, new)
-    if seq_dims:
+    if any(s.kind == "sequence" for _, s in chosen.values()):
         full_positions(module)
     _materialize_rest(module)
+    modules = dict(module.named_modules())
+    for name, (_, spec) in chosen.items():
+        finish(modules[name], spec, opt)
     return module
 
 

@@ -149,12 +149,17 @@ def convert(m: nn.Module, spec: Spec, opt: Options) -> nn.Module:
     if kind == "sequence":
         if isinstance(m, nn.Dropout):
             return SequenceParallelDropout(m.p, m.inplace)
-        sum_grads_over_group(m, opt.group)
-        return m
+        return m  # the gradient hooks come after materialization (finish), on the final parameters
     if isinstance(m, nn.Linear):
         return _linear(m, spec, opt)
     assert isinstance(m, nn.Embedding)
     return _embedding(m, spec, opt)
+
+
+def finish(m: nn.Module, spec: Spec, opt: Options) -> None:
+    """In-place parts applied once every tensor of the model is real."""
+    if spec.kind == "sequence" and not isinstance(m, nn.Dropout):
+        sum_grads_over_group(m, opt.group)
 
 
 def _linear(m: nn.Linear, spec: Spec, opt: Options) -> nn.Module:

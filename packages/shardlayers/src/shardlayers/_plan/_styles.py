@@ -105,10 +105,10 @@ def _from_dtensor(style: Any, key: str) -> Spec:
             raise ValueError(
                 f"plan[{key!r}]: ColwiseParallel output_layouts must be Shard(-1) or Replicate(), got Shard({dout})"
             )
-        kind = "colwise_gather" if kout == "replicate" else "colwise"
-        return Spec(
-            kind, input_seq_dim=din if kin == "shard" else None, local_output=bool(style.use_local_output), source=name
-        )
+        # a split output kept as a (tagged) tensor is what loss_parallel heads use: "vocab_head"
+        local = bool(style.use_local_output)
+        kind = "colwise_gather" if kout == "replicate" else ("colwise" if local else "vocab_head")
+        return Spec(kind, input_seq_dim=din if kin == "shard" else None, local_output=local, source=name)
     if isinstance(style, tp.RowwiseParallel):
         kin, din = _one(style.input_layouts, "input_layouts", key)
         kout, dout = _one(style.output_layouts, "output_layouts", key)
