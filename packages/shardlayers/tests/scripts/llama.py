@@ -223,6 +223,7 @@ def tp2dp2_body(rank: int, size: int, store: str, folder: str) -> None:
     """TP=2 x DP=2 (DDP over the data-parallel group), sequence parallel; sharded checkpoints
     saved with distx_fake.checkpoint and DCP, reloaded at TP=4 and TP=1: same logits."""
     import torch.distributed.checkpoint as dcp
+
     from distx_fake import checkpoint
 
     init_process_group(rank, size, store)
