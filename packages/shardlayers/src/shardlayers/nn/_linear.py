@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from distkit_common.validate import check_int
+
 from .._split import padded_size, partition_range
 from .._tag import _FULL_SIZE, _PARALLEL_DIM, check_dim, register_parallel_attribute
 from . import functional as PF
@@ -45,11 +47,7 @@ def _tp() -> tuple[int, int]:
 
 
 def _check_features(name: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name} must be an int, got {v!r}")
-    if v < 1:
-        raise ValueError(f"{name} must be >= 1, got {v}")
-    return v
+    return int(check_int(v, name, lo=1))
 
 
 class ParallelLinear(nn.Module):
