@@ -160,13 +160,14 @@ def run_pytest(session: nox.Session, packages: list[str], paths: list[str] | Non
 #: (kvps[distx]: server.save(format="distx") writes distx-fake's checkpoint format)
 TEST_EXTRAS: dict[str, list[str]] = {
     "kvps": ["distx-fake"],
+    "shardlayers": ["distx-fake"],
 }
 
 #: third-party test-only requirements of a package's tests (pinned: they are the interop references)
 TEST_REQUIREMENTS: dict[str, list[str]] = {
     "common": [],
     "wholemem": [],
-    "shardlayers": [],
+    "shardlayers": ["transformers==5.23.0"],
     "distx-fake": [],
     "kvps": [],
     "mpiad": [],
