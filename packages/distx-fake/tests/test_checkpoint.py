@@ -195,7 +195,7 @@ def test_stale_tmp_cleanup_only_removes_provably_abandoned(tmp_path: Path) -> No
     import json
     import socket
 
-    from distx_fake import _checkpoint as impl
+    from distx_fake.checkpoint import _fsutil as impl
 
     ck = tmp_path / "ck"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

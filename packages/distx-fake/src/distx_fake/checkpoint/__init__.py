@@ -1,0 +1,26 @@
+"""Sharded checkpoints (torchdistX ``checkpoint`` API): JSON metadata, raw bytes, crc32c, atomic.
+
+Split by concern, as ``torch.distributed.checkpoint`` is: ``_metadata`` (the on-disk index),
+``_boxes`` (which part of a global tensor a value holds), ``_engine`` (native zero-copy I/O),
+``_fsutil`` (atomic commit, stale temporaries), ``_storage`` (writer / reader objects),
+``_saver`` / ``_loader`` (the collective save and load), ``_async`` (background saves).
+"""
+
+from __future__ import annotations
+
+from ._async import async_save_state_dict
+from ._boxes import LocalShard
+from ._loader import load_state_dict
+from ._metadata import CheckpointCorruptionError
+from ._saver import save_state_dict
+from ._storage import FileSystemReader, FileSystemWriter
+
+__all__ = [
+    "CheckpointCorruptionError",
+    "FileSystemReader",
+    "FileSystemWriter",
+    "LocalShard",
+    "async_save_state_dict",
+    "load_state_dict",
+    "save_state_dict",
+]

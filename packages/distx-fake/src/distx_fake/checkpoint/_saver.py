@@ -1,0 +1,171 @@
+"""``save_state_dict``: every rank writes its shards, rank 0 writes the index and commits.
+
+Every rank writes the chunks it owns (its DTensor / LocalShard shards, plus a size-balanced
+share of the replicated tensors, so each replicated tensor is written once) into
+``<path>.tmp-<token>/rank<r>.bin`` and fsyncs it; rank 0 gathers the chunk lists, writes and
+fsyncs ``metadata.json``, then swaps the folder with the previous checkpoint atomically. A
+failure on any rank before the swap leaves the previous checkpoint untouched and is raised on
+every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from typing import Any
+
+import torch
+
+from distkit_common import dtypes as dk_dtypes
+
+from . import _fsutil
+from ._boxes import Box, box_of, check_has_data, is_dtensor
+from ._comm import Comm
+from ._engine import write_chunks
+from ._metadata import PathT, build_index, flatten, key_of, name_of, to_json, write_index
+from ._progress import progress
+from ._storage import FileSystemWriter
+
+
+class Skip:
+    """Placeholder for a DTensor box another rank writes (left by async staging)."""
+
+
+SKIP = Skip()
+
+
+def plan(state_dict: dict[Any, Any], rank: int, size: int) -> tuple[list[tuple[PathT, Box]], dict[str, Any]]:
+    """Split the local state dict into the tensors this rank writes and the JSON values.
+
+    Raises
+    ------
+    TypeError
+        For unsupported entries (named in the message).
+    """
+    mine: list[tuple[PathT, Box]] = []
+    values: dict[str, Any] = {}
+    replicated: list[tuple[PathT, Box]] = []
+    for path, v, _, _ in flatten(state_dict):
+        box = box_of(v)
+        if box is not None:
+            if box.local.is_sparse or box.local.layout != torch.strided:
+                raise TypeError(f"state dict entry {name_of(path)!r}: only dense (strided) tensors are supported")
+            dk_dtypes.code_of(box.local.dtype)  # raises for unsupported dtypes
+            check_has_data(path, box.local)
+            if box.writes:
+                (replicated if box.replicated else mine).append((path, box))
+        elif isinstance(v, Skip) or is_dtensor(v):
+            continue
+        else:
+            values[key_of(path)] = {"path": list(path), "value": to_json(path, v)}
+    # each replicated tensor is written by exactly one rank: the biggest first, each to the
+    # rank with the fewest bytes so far (ties by key), so ranks get similar byte counts
+    load = [0] * size
+    for path, box in sorted(replicated, key=lambda pb: (-pb[1].nbytes, key_of(pb[0]))):
+        owner = min(range(size), key=lambda r: (load[r], r))
+        load[owner] += box.nbytes
+        if owner == rank:
+            mine.append((path, box))
+    return mine, values
+
+
+def save_state_dict(
+    state_dict: dict[Any, Any],
+    storage_writer: FileSystemWriter,
+    process_group: Any = None,
+    coordinator_rank: int = 0,
+    no_dist: bool = False,
+) -> None:
+    """Save a (sharded) state dict: every rank writes its shards, then an atomic commit.
+
+    Parameters
+    ----------
+    state_dict : dict
+        Nested dicts/lists of tensors, DTensors, :class:`LocalShard` and JSON values.
+        Plain tensors must be identical on all ranks (they are written once).
+    storage_writer : FileSystemWriter
+        The destination.
+    process_group : ProcessGroup, optional
+        The group of ranks saving together (default: the default group if initialized).
+    coordinator_rank : int, optional
+        Accepted for torchdistX compatibility; rank 0 of the group coordinates.
+    no_dist : bool, optional
+        Save from this process alone even if a process group is initialized.
+
+    Raises
+    ------
+    TypeError
+        For a non-dict state dict, a non-FileSystemWriter writer, or unsupported entries
+        (named in the message).
+    OSError
+        If writing fails (on any rank; the previous checkpoint is kept).
+    """
+    if not isinstance(storage_writer, FileSystemWriter):
+        raise TypeError(f"storage_writer must be a FileSystemWriter, got {type(storage_writer).__name__}")
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
+    save(state_dict, storage_writer, Comm(process_group, alone=no_dist))
+
+
+def save(state_dict: dict[Any, Any], writer: FileSystemWriter, comm: Comm) -> None:
+    """The collective save (also run by async saves on their background thread)."""
+    err: BaseException | None = None
+    chunks: list[dict[str, Any]] = []
+    values: dict[str, Any] = {}
+    items: list[tuple[PathT, Box]] = []
+    try:
+        items, values = plan(state_dict, comm.rank, comm.size)
+    except BaseException as e:  # reported collectively below, then re-raised
+        err = e
+    if comm.rank == 0:
+        # a crashed earlier save may have left its temporary folder: remove it if its
+        # writers provably died (never a concurrent live save)
+        try:
+            _fsutil.clean_stale_tmp(writer.path)
+        except OSError:
+            pass
+    token = comm.broadcast(secrets.token_hex(8) if comm.rank == 0 else None)
+    tmp = f"{writer.path}.tmp-{token}"
+    total = sum(box.nbytes for _, box in items)
+    bar = progress(writer.progress, comm.rank, total * comm.size, "save")
+    if err is None:
+        try:
+            os.makedirs(tmp, exist_ok=True)
+            _fsutil.write_marker(tmp, comm.rank)
+            chunks = write_chunks(
+                os.path.join(tmp, f"rank{comm.rank}.bin"),
+                ((path, box.local, box.global_shape, box.offsets) for path, box in items),
+                piece_bytes=writer.piece_bytes,
+                direct=writer.direct,
+                sync=writer.sync,
+                bar=bar,
+            )
+        except BaseException as e:
+            err = e
+    status = comm.all_gather({"ok": err is None, "error": repr(err) if err else "", "chunks": chunks})
+    if bar is not None:
+        bar.close()
+    failed = [f"rank {r}: {s['error']}" for r, s in enumerate(status) if not s["ok"]]
+    commit_err = ""
+    if comm.rank == 0:
+        if failed:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            try:
+                meta = build_index([s["chunks"] for s in status], values, comm.size, writer.piece_bytes)
+                write_index(tmp, meta, writer.sync)
+                _fsutil.commit(tmp, writer.path, writer.sync)
+                _fsutil.drop_markers(writer.path)  # after the commit: the folder is never unowned
+            except BaseException as e:
+                commit_err = repr(e)
+                shutil.rmtree(tmp, ignore_errors=True)
+                if not comm.on:
+                    raise
+    commit_err = comm.broadcast(commit_err)
+    if err is not None:
+        raise err
+    if failed:
+        raise OSError("checkpoint save failed on other ranks (previous checkpoint kept): " + "; ".join(failed))
+    if commit_err:
+        raise OSError(f"checkpoint commit failed on rank 0 (previous checkpoint kept): {commit_err}")
