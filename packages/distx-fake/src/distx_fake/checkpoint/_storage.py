@@ -5,12 +5,18 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter
+
+from ._dcp import DcpReaderMixin, DcpWriterMixin
 from ._engine import ALIGN
 from ._metadata import read_index
 
 
-class FileSystemWriter:
-    """Where and how :func:`save_state_dict` writes.
+class FileSystemWriter(DcpWriterMixin, StorageWriter):
+    """Where and how :func:`save_state_dict` writes; also a DCP ``StorageWriter``.
+
+    ``torch.distributed.checkpoint.save(state_dict, storage_writer=FileSystemWriter(path))``
+    (and ``async_save``) plan with DCP and write this package's format (see ``_dcp``).
 
     Parameters
     ----------
@@ -55,8 +61,11 @@ class FileSystemWriter:
         self.direct = bool(direct)
 
 
-class FileSystemReader:
-    """Where :func:`load_state_dict` reads from.
+class FileSystemReader(DcpReaderMixin, StorageReader):
+    """Where :func:`load_state_dict` reads from; also a DCP ``StorageReader``.
+
+    ``torch.distributed.checkpoint.load(state_dict, storage_reader=FileSystemReader(path))``
+    reads checkpoints written through DCP or by :func:`save_state_dict`.
 
     Parameters
     ----------
@@ -88,18 +97,6 @@ class FileSystemReader:
         -------
         dict
             The checkpoint's index: format, version, world size and every entry.
-
-        Raises
-        ------
-        FileNotFoundError
-            If there is no checkpoint at the path.
-        CheckpointCorruptionError
-            If the metadata is not a valid distx-fake checkpoint description.
-        """
-        return read_index(self.path)
-
-    def read_metadata(self) -> dict[str, Any]:
-        """Same as :meth:`read_index`.
 
         Raises
         ------
