@@ -165,7 +165,7 @@ TEST_REQUIREMENTS: dict[str, list[str]] = {
     "common": [],
     "wholemem": [],
     "shardlayers": [],
-    "distx-fake": [],
+    "distx-fake": ["transformers==5.23.0", "safetensors==0.8.0"],
     "kvps": [],
     "mpiad": [],
 }
