@@ -3,7 +3,8 @@
 Split by concern, as ``torch.distributed.checkpoint`` is: ``_metadata`` (the on-disk index),
 ``_boxes`` (which part of a global tensor a value holds), ``_engine`` (native zero-copy I/O),
 ``_fsutil`` (atomic commit, stale temporaries), ``_storage`` (writer / reader objects),
-``_saver`` / ``_loader`` (the collective save and load), ``_async`` (background saves).
+``_saver`` / ``_loader`` (the collective save and load), ``_async`` (background saves),
+``_dcp`` (DCP StorageWriter / StorageReader), ``_safetensors`` (Hugging Face export and loading).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from ._async import async_save_state_dict
 from ._boxes import LocalShard
 from ._loader import load_state_dict
 from ._metadata import CheckpointCorruptionError
+from ._safetensors import export_safetensors, load_safetensors
 from ._saver import save_state_dict
 from ._storage import FileSystemReader, FileSystemWriter
 
@@ -21,6 +23,8 @@ __all__ = [
     "FileSystemWriter",
     "LocalShard",
     "async_save_state_dict",
+    "export_safetensors",
+    "load_safetensors",
     "load_state_dict",
     "save_state_dict",
 ]
