@@ -9,16 +9,18 @@ Split by concern, as ``torch.distributed.checkpoint`` is: ``_metadata`` (the on-
 
 from __future__ import annotations
 
-from ._async import async_save_state_dict
+from ._async import AsyncSave, async_save_state_dict
 from ._boxes import LocalShard
 from ._loader import load_state_dict
 from ._metadata import CheckpointCorruptionError
 from ._safetensors import export_safetensors, load_safetensors
-from ._saver import save_state_dict
+from ._saver import CheckpointReplacedError, save_state_dict
 from ._storage import FileSystemReader, FileSystemWriter
 
 __all__ = [
+    "AsyncSave",
     "CheckpointCorruptionError",
+    "CheckpointReplacedError",
     "FileSystemReader",
     "FileSystemWriter",
     "LocalShard",

@@ -286,6 +286,7 @@ def export_safetensors(
     *,
     max_shard_size: int | str = "5GB",
     prefix: str = "",
+    sync: bool = True,
     progress_bar: bool | None = None,
 ) -> dict[str, Any]:
     """Export a checkpoint (written by any number of ranks) to a Hugging Face safetensors folder.
@@ -307,6 +308,8 @@ def export_safetensors(
     prefix : str, optional
         Export only the tensors whose dotted name starts with it, without it (e.g. ``"model."``
         for a checkpoint of ``{"model": model.state_dict(), "optim": ...}``).
+    sync : bool, optional
+        fsync every file and the folder (default True; ``save_pretrained`` does not).
     progress_bar : bool or None, optional
         Show a progress bar (default: when stderr is a terminal).
 
@@ -357,21 +360,24 @@ def export_safetensors(
     bar = progress(progress_bar, 0, total, "export")
     weight_map: dict[str, str] = {}
     try:
-        with DataFiles(src_s, False) as files:
+        with DataFiles(src_s, True) as files:
             for k, shard in enumerate(shards):
                 fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-                _write_shard(os.path.join(dst_s, fname), shard, files, bar)
+                _write_shard(os.path.join(dst_s, fname), shard, files, bar, sync)
                 weight_map.update(dict.fromkeys((n for n, _, _ in shard), fname))
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        _atomic_write(os.path.join(dst_s, INDEX), json.dumps(index, indent=2).encode())
-        _native.fsync_path(dst_s)
+        _atomic_write(os.path.join(dst_s, INDEX), json.dumps(index, indent=2).encode(), sync)
+        if sync:
+            _native.fsync_path(dst_s)
     finally:
         if bar is not None:
             bar.close()
     return index
 
 
-def _write_shard(fname: str, shard: list[tuple[str, dict[str, Any], int]], files: DataFiles, bar: Any) -> None:
+def _write_shard(
+    fname: str, shard: list[tuple[str, dict[str, Any], int]], files: DataFiles, bar: Any, sync: bool
+) -> None:
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     at = 0
     for name, e, nbytes in shard:
@@ -394,7 +400,8 @@ def _write_shard(fname: str, shard: list[tuple[str, dict[str, Any], int]], files
             pos += nbytes
             if bar is not None:
                 bar.update(nbytes)
-        _native.fsync_fd(fd)
+        if sync:
+            _native.fsync_fd(fd)
     except BaseException:
         os.close(fd)
         os.unlink(tmp)
@@ -403,10 +410,11 @@ def _write_shard(fname: str, shard: list[tuple[str, dict[str, Any], int]], files
     os.replace(tmp, fname)
 
 
-def _atomic_write(fname: str, data: bytes) -> None:
+def _atomic_write(fname: str, data: bytes, sync: bool) -> None:
     tmp = f"{fname}.tmp-{secrets.token_hex(4)}"
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
-        _native.fsync_fd(f.fileno())
+        if sync:
+            _native.fsync_fd(f.fileno())
     os.replace(tmp, fname)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,13 +28,6 @@ from ._engine import write_chunks
 from ._metadata import PathT, build_index, flatten, key_of, name_of, to_json, write_index
 from ._progress import progress
 from ._storage import FileSystemWriter
-
-
-class Skip:
-    """Placeholder for a DTensor box another rank writes (left by async staging)."""
-
-
-SKIP = Skip()
 
 
 def plan(state_dict: dict[Any, Any], rank: int, size: int) -> tuple[list[tuple[PathT, Box]], dict[str, Any]]:
@@ -55,7 +50,7 @@ def plan(state_dict: dict[Any, Any], rank: int, size: int) -> tuple[list[tuple[P
             check_has_data(path, box.local)
             if box.writes:
                 (replicated if box.replicated else mine).append((path, box))
-        elif isinstance(v, Skip) or is_dtensor(v):
+        elif is_dtensor(v):
             continue
         else:
             values[key_of(path)] = {"path": list(path), "value": to_json(path, v)}
@@ -108,14 +103,39 @@ def save_state_dict(
     save(state_dict, storage_writer, Comm(process_group, alone=no_dist))
 
 
-def save(state_dict: dict[Any, Any], writer: FileSystemWriter, comm: Comm) -> None:
-    """The collective save (also run by async saves on their background thread)."""
+class CheckpointReplacedError(RuntimeError):
+    """An async save was stopped by a newer one (``if_busy="replace"``); nothing was committed."""
+
+
+Planned = tuple[list[tuple[PathT, Box]], dict[str, Any]]
+
+
+def save(
+    state_dict: dict[Any, Any] | None,
+    writer: FileSystemWriter,
+    comm: Comm,
+    *,
+    planned: Planned | BaseException | None = None,
+    stage: Callable[[list[tuple[PathT, Box]]], list[tuple[PathT, Box]]] | None = None,
+    stop: threading.Event | None = None,
+) -> None:
+    """The collective save.
+
+    Async saves run it on their background thread with the plan made at call time
+    (``planned``: the plan, or the error planning raised), ``stage``, which copies the
+    tensors to write into host buffers before anything is written, and ``stop``, set when a
+    newer save replaces this one (checked before writing and before reporting success).
+    """
     err: BaseException | None = None
     chunks: list[dict[str, Any]] = []
     values: dict[str, Any] = {}
     items: list[tuple[PathT, Box]] = []
     try:
-        items, values = plan(state_dict, comm.rank, comm.size)
+        if isinstance(planned, BaseException):
+            raise planned
+        items, values = planned if planned is not None else plan(state_dict or {}, comm.rank, comm.size)
+        if stage is not None:
+            items = stage(items)
     except BaseException as e:  # reported collectively below, then re-raised
         err = e
     if comm.rank == 0:
@@ -127,6 +147,8 @@ def save(state_dict: dict[Any, Any], writer: FileSystemWriter, comm: Comm) -> No
             pass
     token = comm.broadcast(secrets.token_hex(8) if comm.rank == 0 else None)
     tmp = f"{writer.path}.tmp-{token}"
+    if err is None and stop is not None and stop.is_set():
+        err = CheckpointReplacedError("replaced by a newer save before it was written")
     total = sum(box.nbytes for _, box in items)
     bar = progress(writer.progress, comm.rank, total * comm.size, "save")
     if err is None:
@@ -143,6 +165,8 @@ def save(state_dict: dict[Any, Any], writer: FileSystemWriter, comm: Comm) -> No
             )
         except BaseException as e:
             err = e
+    if err is None and stop is not None and stop.is_set():
+        err = CheckpointReplacedError("replaced by a newer save before it was committed")
     status = comm.all_gather({"ok": err is None, "error": repr(err) if err else "", "chunks": chunks})
     if bar is not None:
         bar.close()
