@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from distkit_common import fsio
 from distkit_common.testing import run_spawn
 from distx_fake import checkpoint as cp
 
@@ -177,7 +178,7 @@ def test_killed_writer_leaves_previous_checkpoint(tmp_path: Path) -> None:
         output = proc.communicate(timeout=30)[0]
     assert killed, f"writer finished before it could be killed: {output}"
     stale = [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
-    assert len(stale) == 1 and any(n.name.startswith(".distx-owner-rank0") for n in stale[0].iterdir())
+    assert len(stale) == 1 and any(n.name.startswith(fsio.MARKER_PREFIX + "0") for n in stale[0].iterdir())
     out = {k: torch.zeros(1000) for k in good}
     cp.load_state_dict(out, cp.FileSystemReader(ck))
     for k in good:
@@ -196,19 +197,17 @@ def test_stale_tmp_cleanup_only_removes_provably_abandoned(tmp_path: Path) -> No
     import json
     import socket
 
-    from distx_fake.checkpoint import _fsutil as impl
-
     ck = tmp_path / "ck"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    me = impl._owner_record()
+    me = fsio.owner_record()
 
     def make(name: str, records: list[dict[str, object]]) -> Path:
         d = tmp_path / f"ck.tmp-{name}"
         d.mkdir()
         (d / "rank0.bin").write_bytes(b"x" * 10)
         for r, rec in enumerate(records):
-            (d / f".distx-owner-rank{r}.json").write_text(json.dumps(rec))
+            (d / f"{fsio.MARKER_PREFIX}{r}.json").write_text(json.dumps(rec))
         return d
 
     gone = make("dead", [{**me, "pid": dead.pid, "start": "1"}])
@@ -219,10 +218,10 @@ def test_stale_tmp_cleanup_only_removes_provably_abandoned(tmp_path: Path) -> No
     remote = make("remote", [{**me, "host": socket.gethostname() + "-other", "pid": dead.pid}])
     unmarked = make("unmarked", [])
     garbage = make("garbage", [])
-    (garbage / ".distx-owner-rank0.json").write_text("{not json")
+    (garbage / f"{fsio.MARKER_PREFIX}0.json").write_text("{not json")
     other = tmp_path / "other.tmp-dead"  # another checkpoint's folder
     other.mkdir()
-    (other / ".distx-owner-rank0.json").write_text(json.dumps({**me, "pid": dead.pid}))
+    (other / f"{fsio.MARKER_PREFIX}0.json").write_text(json.dumps({**me, "pid": dead.pid}))
     cp.save_state_dict({"a": torch.ones(3)}, cp.FileSystemWriter(ck))
     assert not gone.exists() and not reused.exists() and not rebooted.exists()
     for d in (live, mixed, remote, unmarked, garbage, other):
@@ -270,7 +269,7 @@ def test_async_save_overlaps_staging_reuses_buffers_and_reports_errors(tmp_path:
         bad.result(timeout=60)
     with pytest.raises(TypeError, match="'x' has type object"):
         bad.wait_staged(timeout=60)
-    with pytest.raises(ValueError, match="if_busy must be 'wait' or 'replace'"):
+    with pytest.raises(ValueError, match="if_busy must be one of 'wait', 'replace'"):
         cp.async_save_state_dict({}, cp.FileSystemWriter(tmp_path / "d"), if_busy="queue")
 
 

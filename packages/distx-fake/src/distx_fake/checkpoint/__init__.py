@@ -1,8 +1,9 @@
 """Sharded checkpoints (torchdistX ``checkpoint`` API): JSON metadata, raw bytes, crc32c, atomic.
 
 Split by concern, as ``torch.distributed.checkpoint`` is: ``_metadata`` (the on-disk index),
-``_boxes`` (which part of a global tensor a value holds), ``_engine`` (native zero-copy I/O),
-``_fsutil`` (atomic commit, stale temporaries), ``_storage`` (writer / reader objects),
+``_boxes`` (which part of a global tensor a value holds), ``_engine`` (native zero-copy I/O; atomic commit and stale-temporary cleanup come from
+``distkit_common.fsio``, failure agreement from ``distkit_common.collective``),
+``_storage`` (writer / reader objects),
 ``_saver`` / ``_loader`` (the collective save and load), ``_async`` (background saves),
 ``_dcp`` (DCP StorageWriter / StorageReader), ``_safetensors`` (Hugging Face export and loading).
 """

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distkit_common.validate import check_choice
+
 from ._boxes import Box
 from ._comm import Comm
 from ._metadata import PathT, key_of
@@ -147,8 +149,7 @@ def async_save_state_dict(
         raise TypeError(f"storage_writer must be a FileSystemWriter, got {type(storage_writer).__name__}")
     if not isinstance(state_dict, dict):
         raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
-    if if_busy not in ("wait", "replace"):
-        raise ValueError(f"if_busy must be 'wait' or 'replace', got {if_busy!r}")
+    check_choice(if_busy, "if_busy", ("wait", "replace"))
     with _lock:
         prev = _current
         if prev is not None and not prev.done():

@@ -45,11 +45,11 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from distkit_common import dtypes as dk_dtypes
+from distkit_common import fsio
 
-from . import _fsutil
 from ._boxes import check_has_data
 from ._engine import BATCH_BYTES, DataFiles, direct_read_tuples, read_box, verify, write_chunks
-from ._metadata import build_index, from_json, key_of, name_of, read_index, to_json, write_index
+from ._metadata import build_index, from_json, key_of, name_of, read_index, replaceable, to_json, write_index
 
 #: the key of DCP's metadata inside ``metadata.json``
 DCP_KEY = "dcp"
@@ -204,13 +204,13 @@ class DcpWriterMixin:
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         """Coordinator: make the temporary folder and give every rank its file."""
         try:
-            _fsutil.clean_stale_tmp(self.path)
+            fsio.clean_stale(self.path)
         except OSError:
             pass  # cleanup is best effort; the save itself must not fail for it
         token = secrets.token_hex(8)
-        tmp = f"{self.path}.tmp-{token}"
+        tmp = fsio.temporary_sibling(self.path, token)
         os.makedirs(tmp)
-        _fsutil.write_marker(tmp, 0)
+        fsio.claim(tmp, 0)
         return [dataclasses.replace(p, storage_data=_RankFile(token, f"rank{i}.bin")) for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
@@ -224,10 +224,10 @@ class DcpWriterMixin:
         """
         info: _RankFile = plan.storage_data
         st = self._dcp_state()
-        tmp = f"{self.path}.tmp-{info.token}"
+        tmp = fsio.temporary_sibling(self.path, info.token)
         st["tmp"] = tmp
         try:
-            _fsutil.write_marker(tmp, st["rank"])
+            fsio.claim(tmp, st["rank"])
             results: list[WriteResult] = []
             tensors: list[Any] = []
             for item in plan.items:
@@ -292,8 +292,7 @@ class DcpWriterMixin:
             for e in index["entries"]:
                 e["fqn"] = fqns.get(key_of(tuple(e["path"])), name_of(tuple(e["path"])))
             write_index(tmp, index, self.sync)
-            _fsutil.commit(tmp, self.path, self.sync)
-            _fsutil.drop_markers(self.path)
+            fsio.commit_dir(tmp, self.path, sync=self.sync, replaceable=replaceable)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

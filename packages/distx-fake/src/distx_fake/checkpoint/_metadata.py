@@ -177,3 +177,16 @@ def write_index(folder: str, meta: dict[str, Any], sync: bool) -> None:
         f.flush()
         if sync:
             _native.fsync_fd(f.fileno())
+
+
+def replaceable(path: str) -> bool:
+    """Only a checkpoint (or an empty folder) is ever replaced by a save.
+
+    Raises
+    ------
+    FileExistsError
+        For anything else at ``path``.
+    """
+    if os.path.isdir(path) and (os.path.exists(os.path.join(path, METADATA)) or not os.listdir(path)):
+        return True
+    raise FileExistsError(f"{path!r} exists and is not a distx-fake checkpoint; refusing to replace it")

@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 
+from distkit_common import collective, fsio
 from distkit_common import dtypes as dk_dtypes
 
-from . import _fsutil
 from ._boxes import Box, box_of, check_has_data, is_dtensor
 from ._comm import Comm
 from ._engine import write_chunks
-from ._metadata import PathT, build_index, flatten, key_of, name_of, to_json, write_index
+from ._metadata import PathT, build_index, flatten, key_of, name_of, replaceable, to_json, write_index
 from ._progress import progress
 from ._storage import FileSystemWriter
 
@@ -136,17 +136,16 @@ def save(
         items, values = planned if planned is not None else plan(state_dict or {}, comm.rank, comm.size)
         if stage is not None:
             items = stage(items)
-    except BaseException as e:  # reported collectively below, then re-raised
+    except BaseException as e:  # agreed on collectively below, then re-raised
         err = e
     if comm.rank == 0:
         # a crashed earlier save may have left its temporary folder: remove it if its
-        # writers provably died (never a concurrent live save)
+        # writers provably died on this host (never a live save, never another host's)
         try:
-            _fsutil.clean_stale_tmp(writer.path)
+            fsio.clean_stale(writer.path)
         except OSError:
             pass
-    token = comm.broadcast(secrets.token_hex(8) if comm.rank == 0 else None)
-    tmp = f"{writer.path}.tmp-{token}"
+    tmp = fsio.temporary_sibling(writer.path, comm.broadcast(secrets.token_hex(8) if comm.rank == 0 else None))
     if err is None and stop is not None and stop.is_set():
         err = CheckpointReplacedError("replaced by a newer save before it was written")
     total = sum(box.nbytes for _, box in items)
@@ -154,7 +153,7 @@ def save(
     if err is None:
         try:
             os.makedirs(tmp, exist_ok=True)
-            _fsutil.write_marker(tmp, comm.rank)
+            fsio.claim(tmp, comm.rank)
             chunks = write_chunks(
                 os.path.join(tmp, f"rank{comm.rank}.bin"),
                 ((path, box.local, box.global_shape, box.offsets) for path, box in items),
@@ -167,29 +166,20 @@ def save(
             err = e
     if err is None and stop is not None and stop.is_set():
         err = CheckpointReplacedError("replaced by a newer save before it was committed")
-    status = comm.all_gather({"ok": err is None, "error": repr(err) if err else "", "chunks": chunks})
     if bar is not None:
         bar.close()
-    failed = [f"rank {r}: {s['error']}" for r, s in enumerate(status) if not s["ok"]]
-    commit_err = ""
-    if comm.rank == 0:
-        if failed:
+    try:
+        collective.agree(comm.group, "checkpoint save (previous checkpoint kept)", err)
+    except BaseException:
+        if comm.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        else:
+        raise
+    every = comm.all_gather(chunks)
+    with collective.all_ranks(comm.group, "checkpoint commit on rank 0 (previous checkpoint kept)"):
+        if comm.rank == 0:
             try:
-                meta = build_index([s["chunks"] for s in status], values, comm.size, writer.piece_bytes)
-                write_index(tmp, meta, writer.sync)
-                _fsutil.commit(tmp, writer.path, writer.sync)
-                _fsutil.drop_markers(writer.path)  # after the commit: the folder is never unowned
-            except BaseException as e:
-                commit_err = repr(e)
+                write_index(tmp, build_index(every, values, comm.size, writer.piece_bytes), writer.sync)
+                fsio.commit_dir(tmp, writer.path, sync=writer.sync, replaceable=replaceable)
+            except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
-                if not comm.on:
-                    raise
-    commit_err = comm.broadcast(commit_err)
-    if err is not None:
-        raise err
-    if failed:
-        raise OSError("checkpoint save failed on other ranks (previous checkpoint kept): " + "; ".join(failed))
-    if commit_err:
-        raise OSError(f"checkpoint commit failed on rank 0 (previous checkpoint kept): {commit_err}")
+                raise
