@@ -168,7 +168,7 @@ TEST_REQUIREMENTS: dict[str, list[str]] = {
     "common": [],
     "wholemem": [],
     "shardlayers": ["transformers==5.23.0"],
-    "distx-fake": [],
+    "distx-fake": ["transformers==5.23.0", "safetensors==0.8.0"],
     "kvps": [],
     "mpiad": [],
 }
@@ -324,6 +324,10 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Every package's benchmark, then one report with plots under results/."""
     _install_everything(session)
+    # interop benchmarks compare with the test-only references (e.g. transformers' save_pretrained)
+    extra = sorted({req for reqs in TEST_REQUIREMENTS.values() for req in reqs})
+    if extra:
+        session.install(*extra)
     env = openmpi_env()
     session.run("python", str(ROOT / "tools" / "bench_all.py"), *session.posargs, env=env)
 
