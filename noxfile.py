@@ -194,6 +194,10 @@ def tests(session: nox.Session, package: str) -> None:
     run_pytest(session, [package])
 
 
+def _all_test_requirements() -> list[str]:
+    return sorted({req for reqs in TEST_REQUIREMENTS.values() for req in reqs})
+
+
 def _offline_installable(session: nox.Session, requirement: str) -> bool:
     """True when the session's pip would take `requirement` from this machine's disk (no large download)."""
     out = session.run(
@@ -231,7 +235,7 @@ def matrix(session: nox.Session, torch: str) -> None:
             "(it would be a multi-GB download); skipping this cell"
         )
     wheelhouse = ROOT / "build" / f"wheelhouse-py{session.python}"
-    install_base(session, torch=torch)
+    install_base(session, torch=torch, extra=tuple(_all_test_requirements()))
     if "--rebuild" in session.posargs:  # forget the source digests: every wheel is built anew
         for stamp in wheelhouse.glob("*.digest"):
             stamp.unlink()
@@ -325,7 +329,7 @@ def bench(session: nox.Session) -> None:
     """Every package's benchmark, then one report with plots under results/."""
     _install_everything(session)
     # interop benchmarks compare with the test-only references (e.g. transformers' save_pretrained)
-    extra = sorted({req for reqs in TEST_REQUIREMENTS.values() for req in reqs})
+    extra = _all_test_requirements()
     if extra:
         session.install(*extra)
     env = openmpi_env()
