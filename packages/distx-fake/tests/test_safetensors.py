@@ -193,46 +193,31 @@ def test_export_bad_input(tmp_path: Path) -> None:
 def test_llama_deferred_trained_on_two_ranks_exported_then_from_pretrained_gives_same_logits(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     import hf_workers
+    from transformers import LlamaForCausalLM
 
+    # the reverse direction's input: a save_pretrained folder, loaded by the same 2-rank job
+    torch.manual_seed(5)
+    pre = str(tmp_path / "pre")
+    LlamaForCausalLM(hf_workers.config()).save_pretrained(pre, max_shard_size="30KB")
+    assert len(set(json.loads(Path(pre, "model.safetensors.index.json").read_text())["weight_map"].values())) > 1
     ck, dst = str(tmp_path / "ck"), str(tmp_path / "hf")
-    run_spawn(hf_workers.train_save_body, 2, args=(ck,), timeout=300)
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "distx_fake.checkpoint",
-            "export",
-            ck,
-            dst,
-            "--max-shard-size",
-            "20KB",
-            "--prefix",
-            "model.",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr
-    assert len(json.loads(Path(dst, "model.safetensors.index.json").read_text())["weight_map"]) > 10
-    hf_workers.config().save_pretrained(dst)
+    # 2 ranks: a deferred-init Llama trained with DDP, saved row-sharded; then the save_pretrained
+    # folder loaded into DTensor rows, LocalShard column blocks and plain tensors (checked there)
+    run_spawn(hf_workers.train_save_then_load_pretrained_body, 2, args=(ck, pre), timeout=300)
+    # a fresh process: the export CLI, then from_pretrained gives the trained model's logits
     out = str(tmp_path / "logits")
     r = subprocess.run(
-        [sys.executable, str(HERE / "workers" / "hf_workers.py"), dst, out],
+        [sys.executable, str(HERE / "workers" / "hf_workers.py"), ck, dst, out],
         capture_output=True,
         text=True,
         timeout=300,
         env=OFFLINE,
     )
     assert r.returncode == 0, r.stderr
+    assert "wrote" in r.stdout
+    assert len(json.loads(Path(dst, "model.safetensors.index.json").read_text())["weight_map"]) > 10
+    assert len(set(json.loads(Path(dst, "model.safetensors.index.json").read_text())["weight_map"].values())) > 1
     want, got = {"logits": torch.zeros(2, 8, 128)}, {"logits": torch.zeros(2, 8, 128)}
     cp.load_state_dict(want, cp.FileSystemReader(ck + "-logits"))
     cp.load_state_dict(got, cp.FileSystemReader(out))
     assert torch.equal(want["logits"], got["logits"])
-
-    # and the reverse: a save_pretrained folder into 2 ranks of another sharding
-    from transformers import LlamaForCausalLM
-
-    torch.manual_seed(5)
-    LlamaForCausalLM(hf_workers.config()).save_pretrained(str(tmp_path / "pre"), max_shard_size="30KB")
-    run_spawn(hf_workers.load_pretrained_body, 2, args=(str(tmp_path / "pre"),), timeout=300)
