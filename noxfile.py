@@ -275,6 +275,10 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Every package's benchmark, then one report with plots under results/."""
     _install_everything(session)
+    # the benchmarks use the interop references too (wholemem's GNN benchmark trains a PyG model)
+    references = sorted({r for reqs in TEST_REQUIREMENTS.values() for r in reqs})
+    if references:
+        session.install(*references)
     env = openmpi_env()
     session.run("python", str(ROOT / "tools" / "bench_all.py"), *session.posargs, env=env)
 
