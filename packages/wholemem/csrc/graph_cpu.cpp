@@ -47,6 +47,10 @@ int64_t offsets_impl(const SampleArgs& a) {
   distkit::parallel_for(0, a.n, 4096, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       if (b.row_ptr != nullptr) {
+        if (i + 16 < hi) {
+          const int64_t ahead = static_cast<int64_t>(centers[i + 16]);
+          if (ahead >= 0 && ahead < a.num_nodes) __builtin_prefetch(b.row_ptr + ahead, 0, 0);
+        }
         const int64_t c = static_cast<int64_t>(centers[i]);
         if (c < 0 || c >= a.num_nodes) {
           bad_center.report(i);
@@ -100,9 +104,32 @@ void fill_typed(const SampleArgs& a) {
                           reinterpret_cast<int32_t*>(a.center_local),
                           reinterpret_cast<int64_t*>(a.edge_id),
                           reinterpret_cast<double*>(a.keys)};
-  // a grain of 256 centers keeps the split fine enough for skewed degrees
+  // Random reads of a large graph wait on memory (and TLB) latency, so both loops below
+  // prefetch a few iterations ahead: drawing only touches the row pointers (already
+  // cached by the offsets pass) and, weighted, the weights; the neighbour ids are read
+  // afterwards in a loop of independent loads. A grain of 256 centers keeps the split
+  // fine enough for skewed degrees.
+  constexpr int64_t kAhead = 8;
+  const C* centers = reinterpret_cast<const C*>(a.centers);
   distkit::parallel_for(0, a.n, 256, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) job.run(i);
+    for (int64_t i = lo; i < hi; ++i) {
+      if (job.weights != nullptr && job.weight_offsets == nullptr && i + kAhead < hi) {
+        int64_t s = 0, e = 0;
+        job.bounds.get(i + kAhead, s, e);
+        __builtin_prefetch(job.weights + s, 0, 0);
+      } else if (job.bounds.row_ptr != nullptr && i + 2 * kAhead < hi) {
+        __builtin_prefetch(job.bounds.row_ptr + static_cast<int64_t>(centers[i + 2 * kAhead]), 0, 0);
+      }
+      job.draw(i);
+    }
+  });
+  if (job.dest == nullptr) return;
+  const int64_t total = job.offsets[a.n];
+  distkit::parallel_for(0, total, 4096, [&](int64_t lo, int64_t hi) {
+    for (int64_t q = lo; q < hi; ++q) {
+      if (q + 4 * kAhead < hi) __builtin_prefetch(job.col + job.edge_id[q + 4 * kAhead], 0, 0);
+      job.dest[q] = job.col[job.edge_id[q]];
+    }
   });
 }
 
@@ -124,12 +151,13 @@ void fill_ids(const SampleArgs& a) {
   }
 }
 
-/// Open-addressing set of ids, storing each id's position in the output array (the ids
-/// themselves are read back from there, so any int64 value, even negative, is a key).
+/// Open-addressing map from id to its position in the output. Each slot holds the id
+/// next to its position (one cache line per probe); position -1 marks an empty slot,
+/// so any id value, even negative, is a key.
 template <class I>
 class PositionTable {
  public:
-  PositionTable(const I* ids, int64_t capacity_hint) : ids_(ids) {
+  explicit PositionTable(int64_t capacity_hint) {
     size_t cap = 16;
     int bits = 4;
     while (cap < static_cast<size_t>(2 * capacity_hint)) {
@@ -138,40 +166,45 @@ class PositionTable {
     }
     shift_ = 64 - bits;
     mask_ = cap - 1;
-    slots_.assign(cap, -1);
+    slots_.assign(cap, Slot{0, -1});
   }
 
-  /// Position of `v` in the output, or -1 after reserving its slot for `pos`.
+  /// Position of `v`, or -1 after recording `pos` as its position.
   int64_t find_or_insert(I v, int64_t pos) {
     size_t h = static_cast<size_t>((static_cast<uint64_t>(static_cast<int64_t>(v)) * 0x9E3779B97F4A7C15ull) >> shift_);
     for (;; h = (h + 1) & mask_) {
-      const int64_t p = slots_[h];
-      if (p < 0) {
-        slots_[h] = pos;
+      Slot& slot = slots_[h];
+      if (slot.pos < 0) {
+        slot = Slot{static_cast<int64_t>(v), pos};
         return -1;
       }
-      if (ids_[p] == v) return p;
+      if (slot.key == static_cast<int64_t>(v)) return slot.pos;
     }
   }
 
  private:
-  const I* ids_;
+  struct Slot {
+    int64_t key;
+    int64_t pos;
+  };
   int shift_ = 60;
   size_t mask_ = 15;
-  std::vector<int64_t> slots_;
+  std::vector<Slot> slots_;
 };
 
 template <class I>
 int64_t append_unique_impl(const I* targets, int64_t nt, const I* nbrs, int64_t nn, I* out, int32_t* map) {
   if (nt > 0) std::memcpy(out, targets, static_cast<size_t>(nt) * sizeof(I));
-  PositionTable<I> table(out, nt + nn);
+  PositionTable<I> table(nt + nn);
   for (int64_t i = 0; i < nt; ++i) table.find_or_insert(targets[i], i);  // a repeated target keeps its first position
   int64_t m = nt;
   for (int64_t j = 0; j < nn; ++j) {
     const I v = nbrs[j];
-    out[m] = v;  // tentatively: the table compares against out[pos]
     int64_t p = table.find_or_insert(v, m);
-    if (p < 0) p = m++;
+    if (p < 0) {
+      out[m] = v;
+      p = m++;
+    }
     if (map != nullptr) map[j] = static_cast<int32_t>(p);
   }
   return m;

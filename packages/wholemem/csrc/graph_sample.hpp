@@ -151,7 +151,8 @@ struct SampleJob {
   int64_t* edge_id;
   double* keys;
 
-  DK_HD void run(int64_t i) const {
+  /// Draw the samples of center i: its edge ids (and center-local ids).
+  DK_HD void draw(int64_t i) const {
     int64_t s = 0, e = 0;
     bounds.get(i, s, e);
     const int64_t off = offsets[i];
@@ -162,10 +163,17 @@ struct SampleJob {
     } else {
       sample_unweighted_center(seed, static_cast<uint64_t>(i), e - s, k, s, out);
     }
-    const int64_t n = offsets[i + 1] - off;
-    for (int64_t q = 0; q < n; ++q) {
-      if (dest != nullptr) dest[off + q] = col[out[q]];
-      if (center_local != nullptr) center_local[off + q] = static_cast<int32_t>(i);
+    if (center_local != nullptr) {
+      for (int64_t q = off; q < offsets[i + 1]; ++q) center_local[q] = static_cast<int32_t>(i);
+    }
+  }
+
+  /// Draw center i and read its sampled neighbour ids (the GPU's whole job per thread;
+  /// the CPU reads all neighbour ids afterwards in one prefetching loop instead).
+  DK_HD void run(int64_t i) const {
+    draw(i);
+    if (dest != nullptr) {
+      for (int64_t q = offsets[i]; q < offsets[i + 1]; ++q) dest[q] = col[edge_id[q]];
     }
   }
 };
