@@ -336,3 +336,24 @@ def test_from_wholegraph_files(comm: wg.Communicator, tmp_path: Path) -> None:
         wg.GraphStructure.from_files(comm, tmp_path / "nothing", tmp_path / "col")
     with pytest.raises(TypeError, match="weight_dtype"):
         wg.GraphStructure.from_files(comm, tmp_path / "row_ptr", tmp_path / "col", weight_dtype=torch.int32)
+
+
+def test_view_and_multilayer_bad_input(comm: wg.Communicator) -> None:
+    src, dst = torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0])
+    private = wg.GraphStructure.from_edge_list(None, src, dst, 3)
+    assert private.view("cpu").csr_col_ind is private.csr_col_ind
+    with pytest.raises(ValueError, match="no view on cuda"):
+        private.view("cuda")
+    shared = wg.GraphStructure.from_edge_list(comm, src, dst, 3, tensor_type=T.HOST)
+    assert torch.equal(shared.view("cpu").csr_row_ptr, shared.csr_row_ptr)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="GPU"):
+            shared.view("cuda")
+    with pytest.raises(ValueError, match="max_sample_count must be > 0"):
+        private.multilayer_sample_without_replacement(torch.tensor([0]), [2, 0])
+    with pytest.raises(IndexError, match=r"center_nodes\[0\] = 3"):
+        private.multilayer_sample_without_replacement(torch.tensor([3]), [2])
+    with pytest.raises(KeyError, match="weight"):
+        private.multilayer_sample_without_replacement(torch.tensor([0]), [2], "weight")
+    with pytest.raises(RuntimeError, match="no CSR graph"):
+        wg.GraphStructure().multilayer_sample_without_replacement(torch.tensor([0]), [2])

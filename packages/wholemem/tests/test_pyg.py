@@ -330,3 +330,21 @@ def test_stores_work_with_pyg_helpers() -> None:
         warnings.simplefilter("ignore", UserWarning)  # PyG's "install pyg-lib" notice
         sampler = NeighborSampler((fs, gs), num_neighbors=[2])
     assert torch.equal(sampler.colptr, g.csr_row_ptr) and sampler.num_nodes == 120
+
+
+def test_sample_subgraph_bad_input() -> None:
+    g = random_graph()
+    with pytest.raises(TypeError, match="seeds must be"):
+        pyg.sample_subgraph(g, [1, 2], [2], 0)
+    with pytest.raises(TypeError, match="seeds must be"):
+        pyg.sample_subgraph(g, torch.tensor([1.0]), [2], 0)
+    with pytest.raises(IndexError, match=r"center_nodes\[0\] = 500"):
+        pyg.sample_subgraph(g, torch.tensor([500]), [2], 0)
+    with pytest.raises(ValueError, match=r"num_neighbors\[0\] must be >= -1"):
+        pyg.sample_subgraph(g, torch.tensor([1]), [-3], 0)
+    with pytest.raises(KeyError, match="weight_name"):
+        pyg.sample_subgraph(g, torch.tensor([1]), [2], 0, weight_name="w")
+    with pytest.raises(ValueError, match="random_seed"):
+        pyg.sample_subgraph(g, torch.tensor([1]), [2], -1)
+    sub = pyg.sample_subgraph(g, torch.tensor([1, 2], dtype=torch.int32), [0, 3], 0)
+    assert sub.num_sampled_nodes[:2] == [2, 0] and sub.num_sampled_edges == [0, 0]

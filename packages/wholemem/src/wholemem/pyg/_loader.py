@@ -15,7 +15,7 @@ from distkit_common.validate import as_index_tensor, check_int
 from .. import Embedding, GraphStructure, append_unique
 from .._graph import FEATURES, derive_seed
 from .._graph_sample import resolve_seed, sample_csr
-from .._graph_tensors import is_collective
+from .._graph_tensors import device_of, is_collective
 from ._feature_store import WholeFeatureStore, check_feature, fetch_rows, is_collective_feature
 from ._graph_store import WholeGraphStore
 from ._pyg import Data
@@ -39,7 +39,7 @@ def sample_subgraph(
     graph: GraphStructure,
     seeds: torch.Tensor,
     num_neighbors: Sequence[int],
-    random_seed: int,
+    random_seed: int | None = None,
     weight_name: str | None = None,
 ) -> SampledSubgraph:
     """Sample ``len(num_neighbors)`` hops from ``seeds`` as PyG's ``NeighborLoader`` does.
@@ -49,16 +49,37 @@ def sample_subgraph(
     appended to ``n_id`` in order of first appearance, and every sampled edge points
     from the neighbour (``edge_index[0]``) to its center (``edge_index[1]``), grouped by
     hop, then by center. Collective when the graph is an NCCL graph.
+
+    Hop h draws with the Philox key ``derive_seed(random_seed, h)`` (``random_seed``
+    None: drawn from torch's generator).
+
+    Raises
+    ------
+    TypeError
+        Seeds that are not an int32 / int64 tensor, fan-outs that are not ints.
+    ValueError
+        Fan-outs below -1, a seed outside [0, 2^64).
+    IndexError
+        Seeds outside the graph.
+    KeyError
+        ``weight_name`` is not an edge attribute.
     """
+    graph.require_csr()
+    if not isinstance(seeds, torch.Tensor) or seeds.dtype not in (torch.int32, torch.int64) or seeds.dim() != 1:
+        raise TypeError("seeds must be a 1-D int32 / int64 torch.Tensor")
+    fanouts = [check_int(k, f"num_neighbors[{i}]", lo=-1) for i, k in enumerate(num_neighbors)]
+    seed = resolve_seed(random_seed)
+    if weight_name is not None and weight_name not in graph.edge_attributes:
+        raise KeyError(f"weight_name {weight_name!r} is not an edge attribute (have {sorted(graph.edge_attributes)})")
     dtype = graph.csr_col_ind.dtype
-    nodes = seeds.to(dtype)
+    nodes = seeds.to(device=device_of(graph.csr_row_ptr), dtype=dtype)
     frontier_start = 0
     rows: list[torch.Tensor] = []
     cols: list[torch.Tensor] = []
     eids: list[torch.Tensor] = []
     num_nodes, num_edges = [int(seeds.numel())], []
     weights = None if weight_name is None else graph.edge_attributes[weight_name]
-    for hop, fanout in enumerate(num_neighbors):
+    for hop, fanout in enumerate(fanouts):
         frontier = nodes[frontier_start:]
         if fanout == 0 or frontier.numel() == 0:
             num_nodes.append(0)
@@ -66,7 +87,7 @@ def sample_subgraph(
             frontier_start = nodes.numel()
             continue
         k = _ALL if fanout < 0 else int(fanout)
-        r = sample_csr(graph.csr_row_ptr, graph.csr_col_ind, weights, frontier, k, derive_seed(random_seed, hop), True)
+        r = sample_csr(graph.csr_row_ptr, graph.csr_col_ind, weights, frontier, k, derive_seed(seed, hop), True)
         before = nodes.numel()
         nodes, mapping = append_unique(nodes, r.dest.to(dtype), need_neighbor_raw_to_unique=True)
         assert r.center_local is not None
@@ -76,7 +97,7 @@ def sample_subgraph(
         num_nodes.append(int(nodes.numel()) - before)
         num_edges.append(int(r.dest.numel()))
         frontier_start = before
-    dev = seeds.device
+    dev = nodes.device
     row = torch.cat(rows) if rows else torch.empty(0, dtype=torch.int64, device=dev)
     col = torch.cat(cols) if cols else torch.empty(0, dtype=torch.int64, device=dev)
     e_id = torch.cat(eids) if eids else torch.empty(0, dtype=torch.int64, device=dev)
