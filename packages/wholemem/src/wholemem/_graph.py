@@ -12,6 +12,7 @@ import torch
 from ._comm import Communicator
 from ._graph_build import BuildOptions, build_csr
 from ._graph_check import check_csr_content, check_weights_content
+from ._graph_io import load_graph, load_wholegraph_files, save_graph
 from ._graph_sample import append_unique, check_csr_arrays, resolve_seed, sample_csr
 from ._graph_tensors import comm_of, device_of, is_array, tensor_type_name, view_on
 from ._tensor import WmTensorType
@@ -270,8 +271,6 @@ class GraphStructure:
         IndexError
             A column id out of range (every rank).
         """
-        from ._graph_io import load_wholegraph_files
-
         return load_wholegraph_files(
             cls(), comm, csr_row_ptr_file, csr_col_ind_file, col_dtype, tensor_type, edge_weight_file, weight_dtype
         )
@@ -287,8 +286,6 @@ class GraphStructure:
         OSError
             The files cannot be written.
         """
-        from ._graph_io import save_graph
-
         save_graph(self, directory, num_parts)
 
     @classmethod
@@ -308,8 +305,6 @@ class GraphStructure:
         ValueError
             A malformed ``graph.json`` or CSR (on every rank).
         """
-        from ._graph_io import load_graph
-
         return load_graph(cls(), comm, directory, tensor_type)
 
     def view(self, device: Any) -> GraphStructure:
