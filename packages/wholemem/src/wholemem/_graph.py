@@ -376,6 +376,13 @@ class GraphStructure:
 
         Returns ``(sample_offset, dest[, center_local][, edge_id])`` as
         :func:`unweighted_sample_without_replacement`.
+
+        Raises
+        ------
+        RuntimeError
+            No CSR graph set.
+        TypeError, ValueError, IndexError
+            Bad centers, count or seed, as :func:`unweighted_sample_without_replacement`.
         """
         self.require_csr()
         r = sample_csr(
@@ -409,6 +416,10 @@ class GraphStructure:
         ------
         KeyError
             No edge attribute ``weight_name``.
+        RuntimeError
+            No CSR graph set.
+        TypeError, ValueError, IndexError
+            Bad centers, count or seed, as :func:`weighted_sample_without_replacement`.
         """
         self.require_csr()
         if weight_name not in self.edge_attributes:
@@ -445,6 +456,15 @@ class GraphStructure:
             row 1 the center's index in ``target_gids[i + 1]``.
         csr_row_ptr, csr_col_ind : list of torch.Tensor
             The same block as CSR: per-center offsets (int32) and neighbour indices.
+
+        Raises
+        ------
+        RuntimeError
+            No CSR graph set.
+        KeyError
+            ``weight_name`` is not an edge attribute.
+        TypeError, ValueError, IndexError
+            Bad node ids, fan-outs (each > 0) or seed.
         """
         self.require_csr()
         hops = len(max_neighbors)
