@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from distkit_common import _distkit_common as native
-from distkit_common.dtypes import code_of
+from distkit_common.dtypes import CODES, code_of
 from distkit_common.testing import run_spawn
 
 GPU = bool(native.cuda_compiled() and torch.cuda.is_available())
@@ -19,20 +19,8 @@ pytestmark = [
     pytest.mark.skipif(not GPU, reason="needs a CUDA GPU and a distkit-common build with nvcc (nox -s gpu)"),
 ]
 
-DTYPES = [
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.uint8,
-    torch.bool,
-    torch.complex64,
-    torch.complex128,
-]
+# every dtype the native row ops know, in code order
+DTYPES = [getattr(torch, name) for name in CODES]
 
 
 def _values(rows: int, cols: int, dtype: torch.dtype, salt: int = 0) -> torch.Tensor:

@@ -41,6 +41,10 @@ class PySegment {
   distkit::ShmSegment seg;
 };
 
+// The CPU drivers below are distkit/rows_cpu.hpp's, over a RowWindow instead of a
+// RowTable: a sub-tensor's first row is not a chunk boundary, so a view cannot be
+// described as a RowTable without copying the chunk array (see window.hpp).
+
 /// Row gather with software prefetch of the rows a few iterations ahead: a random-row
 /// gather is bound by memory latency, which the hardware prefetcher cannot hide because
 /// the next row address is data dependent.

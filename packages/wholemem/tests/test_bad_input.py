@@ -149,6 +149,8 @@ def test_communicator_arguments() -> None:
         wg.create_communicator(0, uid, 0)
     with pytest.raises(TypeError, match="UniqueId"):
         wg.create_communicator(1, "abc", 0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="device_backend must be one of"):
+        wg.create_communicator(1, uid, 0, device_backend="mpi")
     with pytest.raises(TypeError, match="mpi4py"):
         wg.communicator_from_mpi4py(object())
     with pytest.raises(RuntimeError, match="not initialized"):

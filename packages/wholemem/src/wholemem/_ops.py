@@ -232,8 +232,6 @@ def get_tensor_view(t: WmAny, device: Any) -> WmAny:
     dev = _plain.resolve_cuda(device, "get_tensor_view", info.comm if info is not None else None)
     if dev is None:
         if t.device.type != "cpu":
-            raise ValueError(
-                f"get_tensor_view: this tensor lives on {t.device} and has no CPU view (copy rows with .cpu())"
-            )
+            raise _plain.no_cpu_view(t.device)
         return t
     return _plain.cuda_view(t, dev, "get_tensor_view")

@@ -144,6 +144,11 @@ def cuda_view(t: torch.Tensor, device: torch.device, what: str) -> torch.Tensor:
     return _registry.register(view, info)
 
 
+def no_cpu_view(device: torch.device) -> ValueError:
+    """The error for a CPU view of memory on the GPU ``device``."""
+    return ValueError(f"get_tensor_view: this tensor lives on {device} and has no CPU view (copy rows with .cpu())")
+
+
 def resolve_cuda(device: Any, what: str, comm: Any) -> torch.device | None:
     """``device`` parsed: None for the CPU, the resolved GPU for ``cuda[:N]``.
 

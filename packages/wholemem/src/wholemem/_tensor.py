@@ -65,6 +65,26 @@ def check_ranges(shape: tuple[int, ...], starts: Any, ends: Any) -> list[tuple[i
     return out
 
 
+def _table(
+    addresses: list[int], rows_per_chunk: int, nrows: int, layout: Layout, device: torch.device | None, be: Any
+) -> Table:
+    """The native row table of a whole tensor: host addresses (CPU ops), or device-visible
+    addresses with CUDA kernels on ``device`` when the backend computes on a GPU."""
+    on_device = be is not None and be.on_device and device is not None
+    index = int(device.index) if on_device and device is not None and device.index is not None else -1
+    return Table(
+        addresses,
+        rows_per_chunk,
+        nrows,
+        layout.ncols,
+        layout.row_stride,
+        layout.col_stride,
+        layout.code,
+        on_device,
+        index,
+    )
+
+
 class WmTensor:
     """Common part of :class:`ChunkedTensor` and :class:`NCCLTensor`: a (sub-)view of rows
     ``[row0, row0 + shape[0])`` and, for 2-D tensors, columns ``[col0, col0 + shape[1])``
@@ -224,9 +244,7 @@ class WmTensor:
         dev = _plain.resolve_cuda(device, "get_tensor_view", self.comm)
         if dev is None:
             if self.is_gpu:
-                raise ValueError(
-                    f"get_tensor_view: this tensor lives on {self.device} and has no CPU view (copy rows with .cpu())"
-                )
+                raise _plain.no_cpu_view(self.device)
             return self
         if self.is_gpu:
             if self.device != dev:
@@ -321,19 +339,7 @@ class ChunkedTensor(WmTensor):
             addresses = [m.device_ptr for m in mappings]
         else:
             addresses = [int(s.address) for s in segments]
-        on_device = be is not None and be.on_device
-        rpr = rows_per_rank(layout.nrows, comm.size)
-        table = Table(
-            addresses,
-            rpr,
-            layout.nrows,
-            layout.ncols,
-            layout.row_stride,
-            layout.col_stride,
-            layout.code,
-            on_device,
-            device.index if on_device and device is not None and device.index is not None else -1,
-        )
+        table = _table(addresses, rows_per_rank(layout.nrows, comm.size), layout.nrows, layout, device, be)
         super().__init__(comm, layout, table, device, be)
         self._segments = segments
         self._gpu = gpu  # kept alive by the tensor and its views
@@ -389,19 +395,8 @@ class NCCLTensor(WmTensor):
         be = _gpu.backend() if device is not None else None
         storage = torch.zeros(max(layout.elems(rpr), 1), dtype=layout.dtype, device=device)
         local = storage.as_strided((hi - lo, *layout.row_shape), layout.stride)
-        on_device = be is not None and be.on_device
         n = hi - lo
-        table = Table(
-            [int(local.data_ptr())],
-            max(1, n),
-            n,
-            layout.ncols,
-            layout.row_stride,
-            layout.col_stride,
-            layout.code,
-            on_device,
-            device.index if on_device and device is not None and device.index is not None else -1,
-        )
+        table = _table([int(local.data_ptr())], max(1, n), n, layout, device, be)
         super().__init__(comm, layout, table, device, be)
         self._local = local
         self._first = lo
