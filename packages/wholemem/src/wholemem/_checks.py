@@ -1,8 +1,11 @@
 """Validation of the arguments of the row operations, shared by every tensor type.
 
-Everything is checked before any row is read, written or sent: dtype, device, shape
-and the range of every index (the native scan names the first bad index and its
-position; device-resident indices are checked on their GPU).
+The checks are distkit's (``distkit_common.validate.Checks``) with one part of
+wholemem's own: the index range. wholemem's ops name a bad index as
+``index V at position P is out of range for N rows`` (the message users and tests
+rely on), and find it in one native pass that also yields the position (on the GPU,
+one small kernel), where the shared check takes ``aminmax`` and then searches again.
+Everything is checked before any row is read, written or sent.
 """
 
 from __future__ import annotations
@@ -11,78 +14,62 @@ from typing import Any
 
 import torch
 
-from distkit_common.validate import as_tensor
+from distkit_common.validate import Checks
 
 from . import _gpu
 from ._wholemem import check_indices
 
-_INDEX_DTYPES = (torch.int64, torch.int32)
+_INDEX_DTYPES = ("int64", "int32")
 
 
-def index_array(x: Any) -> torch.Tensor:
-    """``x`` as a 1-D int64 / int32 tensor (no range check, no copy).
+class _Checks(Checks):
+    def index_range(self, t: Any, name: str, upper: int | None) -> None:
+        """IndexError naming the first entry of ``t`` outside ``[0, upper)``.
 
-    Raises
-    ------
-    TypeError
-        Not a tensor / ndarray, or not int64 / int32.
-    ValueError
-        Not 1-D.
-    """
-    t = as_tensor(x, "indices")
-    if t.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"indices must be an integer array of dtype int64 or int32, got {t.dtype}")
-    if t.dim() != 1:
-        raise ValueError(f"indices must be 1-D, got shape {tuple(t.shape)}")
-    return t
-
-
-def cpu_indices(x: Any, upper: int) -> torch.Tensor:
-    """A contiguous 1-D int64/int32 CPU index tensor with every entry in ``[0, upper)``.
-
-    Raises
-    ------
-    TypeError
-        Not a tensor / ndarray, or not int64 / int32.
-    ValueError
-        Not 1-D or not on the CPU.
-    IndexError
-        An index outside ``[0, upper)`` (named with its position).
-    """
-    t = index_array(x)
-    if t.device.type != "cpu":
-        raise ValueError(f"indices must be on the CPU, got {t.device}")
-    t = t.contiguous()
-    if t.numel():
-        check_indices(int(t.data_ptr()), t.dtype == torch.int64, int(t.numel()), int(upper))
-    return t
-
-
-def device_indices(x: Any, upper: int, device: torch.device) -> torch.Tensor:
-    """Validated 1-D int64/int32 indices on ``device``: CPU indices are checked natively and
-    copied; indices already on ``device`` are checked there (one small kernel and one
-    synchronisation on a GPU; inside CUDA graph capture see the README's limitations).
-
-    Raises
-    ------
-    TypeError, ValueError, IndexError
-        As :func:`cpu_indices`; ValueError also for indices on another device.
-    """
-    t = index_array(x)
-    if t.device.type == "cpu":
-        return cpu_indices(t, upper).to(device)
-    if t.device != device:
-        raise ValueError(f"indices must be on the CPU or on {device} (the tensor's device), got {t.device}")
-    t = t.contiguous()
-    if t.numel():
-        if t.device.type == "cuda":
+        ``upper=None`` skips the scan: the caller's native op checks the range itself
+        (before it touches memory) against the rows of the view it runs on.
+        """
+        if upper is None or not t.numel():
+            return
+        if t.device.type == "cpu":
+            check_indices(int(t.data_ptr()), t.dtype == torch.int64, int(t.numel()), int(upper))
+        elif t.device.type == "cuda":
             _gpu.backend().check_indices(t, upper)
         else:  # e.g. 'meta' in tests: torch ops, the same message
             bad = (t < 0) | (t >= upper)
             if bool(bad.any()):
                 pos = int(torch.nonzero(bad)[0, 0])
-                raise IndexError(f"index {int(t[pos])} at position {pos} is out of range for {upper} rows")
-    return t
+                raise self.index_error(f"index {int(t[pos])} at position {pos} is out of range for {upper} rows")
+
+
+CHECKS = _Checks()
+
+
+def indices(x: Any, device: torch.device, upper: int | None) -> torch.Tensor:
+    """1-D int64 / int32 indices (tensor or ndarray) on the CPU or on ``device``, range-checked
+    against ``upper`` rows where they are (``None``: by the caller's native op), returned
+    contiguous on ``device``.
+
+    Raises
+    ------
+    TypeError
+        Not a tensor / ndarray, or not int64 / int32.
+    ValueError
+        Not 1-D, or on another device.
+    IndexError
+        An index outside ``[0, upper)`` (named with its position).
+    """
+    t = CHECKS.array(x, "indices")
+    if t.device.type != "cpu" and t.device != device:
+        where = "the CPU" if device.type == "cpu" else f"the CPU or on {device} (the tensor's device)"
+        raise ValueError(f"indices must be on {where}, got {t.device}")
+    t = CHECKS.index(t, "indices", upper=upper, dtypes=_INDEX_DTYPES, device=None)
+    return t.to(device)
+
+
+def cpu_indices(x: Any, upper: int) -> torch.Tensor:
+    """:func:`indices` for CPU tensors."""
+    return indices(x, torch.device("cpu"), upper)
 
 
 def rows_in(x: Any, name: str, n: int, row_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Any:
@@ -96,21 +83,13 @@ def rows_in(x: Any, name: str, n: int, row_shape: tuple[int, ...], dtype: torch.
     ValueError
         Wrong device or shape.
     """
-    if device.type == "cpu":
-        v = as_tensor(x, name)
-    elif isinstance(x, torch.Tensor):
-        v = x
-    else:
-        raise TypeError(f"{name} must be a torch.Tensor on {device}, got {type(x).__name__}")
+    v = CHECKS.array(x, name) if device.type == "cpu" else CHECKS.tensor(x, name)
     if v.dtype != dtype:
         raise TypeError(f"{name} must have dtype {dtype} (the tensor's), got {v.dtype}")
     if v.device != device:
         where = "the CPU" if device.type == "cpu" else f"{device} (the tensor's device)"
         raise ValueError(f"{name} must be on {where}, got {v.device}")
-    want = (n, *row_shape)
-    if tuple(v.shape) != want:
-        raise ValueError(f"{name} must have shape {want} (one row per index), got {tuple(v.shape)}")
-    return v
+    return CHECKS.tensor(v, name, shape=(n, *row_shape))
 
 
 def out_rows(out: Any, n: int, row_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -124,12 +103,7 @@ def out_rows(out: Any, n: int, row_shape: tuple[int, ...], dtype: torch.dtype, d
     ValueError
         ``out`` of the wrong shape, device or not contiguous.
     """
-    want = (n, *row_shape)
     if out is None:
-        return torch.empty(want, dtype=dtype, device=device)
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-    o: torch.Tensor = rows_in(out, "out", n, row_shape, dtype, device)
-    if not o.is_contiguous():
-        raise ValueError(f"out must be a contiguous tensor of shape {want}, got strides {tuple(o.stride())}")
-    return o
+        return torch.empty((n, *row_shape), dtype=dtype, device=device)
+    o: torch.Tensor = rows_in(CHECKS.tensor(out, "out"), "out", n, row_shape, dtype, device)
+    return CHECKS.tensor(o, "out", contiguous=True)

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from distkit_common.validate import check_int
+from distkit_common.collective import allgather_json
+from distkit_common.validate import check_int, check_rank
 
 from . import _devmem, _gpu, _lib
-from ._agree import allgather_json
 from ._wholemem import random_token
 
 #: process-group backends a communicator can use for GPU-resident NCCL tensors
@@ -113,7 +113,6 @@ class Communicator:
         pg: Any,
         *,
         store: Any = None,
-        owns_pg: bool = True,
         token: str | None = None,
         timeout: datetime.timedelta = _DEFAULT_TIMEOUT,
         device_backend: str = "nccl",
@@ -123,7 +122,6 @@ class Communicator:
         self._timeout = timeout
         self._token = token
         self._store = store
-        self._owns_pg = owns_pg
         self._destroyed = False
         self._device_backend = device_backend
         backend_name = "" if store is not None else str(dist.get_backend(pg)) if dist.is_initialized() else ""
@@ -133,7 +131,7 @@ class Communicator:
         self._gpu_chunks: weakref.WeakSet[Any] = weakref.WeakSet()  # closed by destroy / finalize_lib
         self.rank: int = int(pg.rank())
         self.size: int = int(pg.size())
-        keys: list[str] = allgather_json(self, _node_key())
+        keys: list[str] = allgather_json(_node_key(), self)
         self.node_ranks: list[int] = [r for r, k in enumerate(keys) if k == keys[self.rank]]
         self.local_rank: int = self.node_ranks.index(self.rank)
         self.local_size: int = len(self.node_ranks)
@@ -300,18 +298,6 @@ class Communicator:
         self._group_for(send_counts).alltoall_base(recv, send_counts.contiguous(), [], []).wait()
         return recv
 
-    def allreduce_max(self, value: int) -> int:
-        """Maximum of an integer over the group."""
-        self.check_alive("allreduce")
-        t = torch.tensor([value], dtype=torch.int64)
-        self._allreduce(t, dist.ReduceOp.MAX)
-        return int(t)
-
-    def _allreduce(self, t: torch.Tensor, op: Any) -> None:
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = op
-        self._pg.allreduce([t], opts).wait()
-
 
 def create_communicator(
     size: int,
@@ -357,7 +343,7 @@ def create_communicator(
     """
     _lib.require_init("create_communicator")
     size = check_int(size, "size", lo=1)
-    rank = check_int(rank, "rank", lo=0, hi=size)
+    rank = check_rank(rank, "rank", size)
     if not isinstance(unique_id, UniqueId):
         raise TypeError(f"unique_id must be a wholemem.UniqueId (from get_unique_id()), got {type(unique_id).__name__}")
     if device_backend not in DEVICE_BACKENDS:
@@ -369,9 +355,7 @@ def create_communicator(
         store = dist.TCPStore(unique_id.host, unique_id.port, None, False, timeout=timeout)
     prefixed = dist.PrefixStore(f"wholemem/{unique_id.token}", store)
     pg = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
-    return Communicator(
-        pg, store=store, owns_pg=True, token=unique_id.token, timeout=timeout, device_backend=device_backend
-    )
+    return Communicator(pg, store=store, token=unique_id.token, timeout=timeout, device_backend=device_backend)
 
 
 def communicator_from_process_group(pg: Any = None, *, device_group: Any = None) -> Communicator:
@@ -412,7 +396,7 @@ def communicator_from_process_group(pg: Any = None, *, device_group: Any = None)
             raise TypeError(f"device_group must be a torch.distributed.ProcessGroup, got {type(device_group).__name__}")
         if device_group.size() != pg.size() or device_group.rank() != pg.rank():
             raise ValueError("device_group must have the same ranks as pg")
-    return Communicator(pg, owns_pg=False, device_group=device_group)
+    return Communicator(pg, device_group=device_group)
 
 
 def communicator_from_mpi4py(comm: Any) -> Communicator:

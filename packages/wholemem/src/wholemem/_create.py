@@ -6,8 +6,9 @@ from typing import Any
 
 import torch
 
+from distkit_common.collective import agree, allgather_json
+
 from . import _binding, _devmem, _gpu, _lib, _plain, _registry
-from ._agree import agree, allgather_json
 from ._comm import Communicator
 from ._layout import Layout, rows_per_rank
 from ._tensor import ChunkedTensor, NCCLTensor, WmTensorType
@@ -127,7 +128,7 @@ def create_wm_tensor(
     assert layout is not None
     # the device type is compared, not its index (each rank uses its own GPU)
     mine = [layout.describe(), tensor_type.name, "host" if dev is None else "gpu"]
-    everyone = allgather_json(comm, mine)
+    everyone = allgather_json(mine, comm)
     bad = [r for r, a in enumerate(everyone) if a != everyone[0]]
     if bad:
         raise ValueError(
@@ -165,7 +166,7 @@ def _create_host(comm: Communicator, layout: Layout) -> torch.Tensor:
             err = e
     try:
         agree(comm, _STEP, err)
-        names = allgather_json(comm, seg.name if seg is not None else None)
+        names = allgather_json(seg.name if seg is not None else None, comm)
         if seg is None:
             try:
                 seg = Segment.open(names[comm.node_ranks[0]], nbytes)
@@ -192,7 +193,7 @@ def _create_chunks(comm: Communicator, layout: Layout) -> list[Any]:
         except _ALLOC_ERRORS as e:
             err = e
         agree(comm, _STEP, err)
-        names = allgather_json(comm, own.name if own is not None else None)
+        names = allgather_json(own.name if own is not None else None, comm)
         try:
             segs = [own if r == comm.rank else Segment.open(n, nbytes) for r, n in enumerate(names)]
         except _ALLOC_ERRORS as e:

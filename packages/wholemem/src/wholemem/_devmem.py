@@ -23,8 +23,9 @@ from typing import Any
 
 import torch
 
+from distkit_common.collective import agree, allgather_json
+
 from . import _gpu
-from ._agree import agree, allgather_json
 from ._wholemem import Segment, atomic_add_i64
 
 _SLOT = 8  # bytes of one int64 reference count
@@ -211,7 +212,7 @@ def share(comm: Any, nbytes: int, device: torch.device, owners: list[int], step:
         err = e
     try:
         agree(comm, step, err)  # on failure own is freed with this frame: nobody mapped it
-        published = allgather_json(comm, mine)
+        published = allgather_json(mine, comm)
         _map_peers(comm, chunks, own, owners, published, be, device, step)
     finally:
         if comm.local_rank == 0 and counts is not None:

@@ -220,8 +220,7 @@ class Embedding(nn.Module):
             Library finalized or communicator destroyed.
         """
         self._check("Embedding.forward")
-        n = self.num_embeddings
-        idx = _checks.device_indices(indices, n, self._device) if self._gpu else _checks.cpu_indices(indices, n)
+        idx = _checks.indices(indices, self._device, self.num_embeddings)
         out: torch.Tensor = _Lookup.apply(self._anchor, idx, self)
         return out
 

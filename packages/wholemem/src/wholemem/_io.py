@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from ._agree import agree
+from distkit_common.collective import agree
+
 from ._comm import Communicator
 from ._create import create_wm_tensor
 from ._layout import local_range

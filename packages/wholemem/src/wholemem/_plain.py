@@ -67,7 +67,7 @@ def gather(t: torch.Tensor, indices: Any, out: torch.Tensor | None) -> torch.Ten
     kernel after the indices were checked on the GPU)."""
     row_shape = tuple(t.shape[1:])
     if t.device.type != "cpu":
-        didx = _checks.device_indices(indices, int(t.shape[0]), t.device)
+        didx = _checks.indices(indices, t.device, int(t.shape[0]))
         o = _checks.out_rows(out, didx.numel(), row_shape, t.dtype, t.device)
         torch.index_select(t, 0, didx, out=o)
         return o
@@ -85,7 +85,7 @@ def scatter(t: torch.Tensor, indices: Any, values: Any) -> None:
     """``t[indices[i]] = values[i]`` (last duplicate wins on the CPU; any one on a GPU)."""
     row_shape = tuple(t.shape[1:])
     if t.device.type != "cpu":
-        didx = _checks.device_indices(indices, int(t.shape[0]), t.device)
+        didx = _checks.indices(indices, t.device, int(t.shape[0]))
         vals = _checks.rows_in(values, "values", didx.numel(), row_shape, t.dtype, t.device)
         t.index_copy_(0, didx.to(torch.int64), vals)
         return

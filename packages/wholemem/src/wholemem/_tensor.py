@@ -275,10 +275,7 @@ class WmTensor:
     def _indices(self, indices: Any) -> torch.Tensor:
         """Index dtype / shape / device checked, on this tensor's device; the range is checked
         by the native op (the first bad index named) before anything is read or written."""
-        x = _checks.index_array(indices)
-        if x.device.type != "cpu" and x.device != self.device:
-            raise ValueError(f"indices must be on the CPU or on {self.device} (the tensor's device), got {x.device}")
-        return x.contiguous().to(self.device)
+        return _checks.indices(indices, self.device, None)
 
     def _run(self, op: str, idx: torch.Tensor, data: torch.Tensor, row0: int, nrows: int) -> None:
         """One native row op on the window rows ``[row0, row0 + nrows)`` x this view's columns."""
@@ -403,10 +400,7 @@ class NCCLTensor(WmTensor):
 
     def _checked_indices(self, indices: Any) -> torch.Tensor:
         """Indices range-checked before they are sent anywhere."""
-        n = self._shape[0]
-        if self.is_gpu:
-            return _checks.device_indices(indices, n, self.device)
-        return _checks.cpu_indices(indices, n)
+        return _checks.indices(indices, self.device, self._shape[0])
 
     def gather(self, indices: Any, out: torch.Tensor | None = None) -> torch.Tensor:
         self.check_alive("gather")
