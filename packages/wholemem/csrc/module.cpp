@@ -375,6 +375,17 @@ PYBIND11_MODULE(_wholemem, m) {
       .def_property_readonly("on_device", &Table::on_device)
       .def_property_readonly("device", &Table::device);
 
+  // the optimizer kinds and their number of state arrays: Python takes both from here
+  for (auto [name, kind] : {std::pair{"OPTIM_SGD", OptKind::SGD}, std::pair{"OPTIM_ADAGRAD", OptKind::Adagrad},
+                            std::pair{"OPTIM_LAZY_ADAM", OptKind::LazyAdam}, std::pair{"OPTIM_RMSPROP", OptKind::RMSProp}})
+    m.attr(name) = static_cast<int>(kind);
+  m.def(
+      "optim_num_states",
+      [](int kind) {
+        check(kind >= 0 && kind <= 3, "unknown optimizer kind ", kind);
+        return num_states(static_cast<OptKind>(kind));
+      },
+      py::arg("kind"), "Number of [rows, cols] state arrays the optimizer kind keeps.");
   m.def("optim_update", &optim_update, py::arg("kind"), py::arg("table"), py::arg("idx"), py::arg("n"),
         py::arg("grad"), py::arg("state0"), py::arg("state1"), py::arg("row_state"), py::arg("lr"),
         py::arg("weight_decay"), py::arg("eps"), py::arg("beta1"), py::arg("beta2"), py::arg("alpha"),

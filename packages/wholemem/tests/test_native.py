@@ -136,7 +136,7 @@ def test_optimizer_kernel_closed_form() -> None:
     idx = torch.tensor([1])
     # Adagrad: s = g^2, w -= lr * g / (|g| + eps)
     _wholemem.optim_update(
-        1,
+        _wholemem.OPTIM_ADAGRAD,
         table,
         int(idx.data_ptr()),
         1,
@@ -174,7 +174,7 @@ def test_lazy_adam_kernel_per_row_bias_correction() -> None:
         idx = torch.tensor(rows)
         g = torch.tensor([[0.5, -2.0]] * len(rows), dtype=torch.float64)
         _wholemem.optim_update(
-            2, table, int(idx.data_ptr()), len(rows), int(g.data_ptr()), int(m.data_ptr()), int(v.data_ptr()),
+            _wholemem.OPTIM_LAZY_ADAM, table, int(idx.data_ptr()), len(rows), int(g.data_ptr()), int(m.data_ptr()), int(v.data_ptr()),
             int(rs.data_ptr()), lr=lr, weight_decay=0.0, eps=eps, beta1=b1, beta2=b2, alpha=0.0,
         )  # fmt: skip
 
@@ -187,7 +187,9 @@ def test_lazy_adam_kernel_per_row_bias_correction() -> None:
     step([2], eps=0.5)
     assert abs(w[2, 0].item() - (-lr * 0.5 / (0.5 + 0.5))) < 1e-8  # lr is passed as float32
     with pytest.raises(ValueError, match="per-row state"):
-        _wholemem.optim_update(2, table, 0, 0, 0, int(m.data_ptr()), int(v.data_ptr()), 0, 0.1, 0, 0, b1, b2, 0)
+        _wholemem.optim_update(
+            _wholemem.OPTIM_LAZY_ADAM, table, 0, 0, 0, int(m.data_ptr()), int(v.data_ptr()), 0, 0.1, 0, 0, b1, b2, 0
+        )
 
 
 def test_cuda_paths_raise_clearly_without_a_gpu() -> None:

@@ -12,6 +12,7 @@ from torch import nn
 from distkit_common.dtypes import code_of
 
 from . import _checks, _gpu, _lib
+from . import _wholemem as _native
 from ._comm import Communicator
 from ._create import create_wm_tensor
 from ._io import load_local, store_local
@@ -32,8 +33,8 @@ class SGD:
 
     lr: float = 0.01
     weight_decay: float = 0.0
-    kind = 0
-    num_states = 0
+    kind = _native.OPTIM_SGD
+    num_states = _native.optim_num_states(kind)
 
 
 @dataclass
@@ -45,8 +46,8 @@ class Adagrad:
     eps: float = 1e-8
     weight_decay: float = 0.0
     initial_accumulator_value: float = 0.0
-    kind = 1
-    num_states = 1
+    kind = _native.OPTIM_ADAGRAD
+    num_states = _native.optim_num_states(kind)
 
 
 @dataclass
@@ -63,8 +64,8 @@ class LazyAdam:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.0
-    kind = 2
-    num_states = 2
+    kind = _native.OPTIM_LAZY_ADAM
+    num_states = _native.optim_num_states(kind)
 
 
 @dataclass
@@ -75,8 +76,8 @@ class RMSProp:
     alpha: float = 0.99
     eps: float = 1e-8
     weight_decay: float = 0.0
-    kind = 3
-    num_states = 1
+    kind = _native.OPTIM_RMSPROP
+    num_states = _native.optim_num_states(kind)
 
 
 Optimizer = SGD | Adagrad | LazyAdam | RMSProp

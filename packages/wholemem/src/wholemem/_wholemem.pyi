@@ -107,6 +107,12 @@ class Table:
     @property
     def device(self) -> int: ...
 
+OPTIM_SGD: int
+OPTIM_ADAGRAD: int
+OPTIM_LAZY_ADAM: int
+OPTIM_RMSPROP: int
+
+def optim_num_states(kind: int) -> int: ...
 def optim_update(
     kind: int,
     table: Table,
