@@ -75,7 +75,7 @@ def get_unique_id(timeout: datetime.timedelta = _DEFAULT_TIMEOUT) -> UniqueId:
     _lib.require_init("get_unique_id")
     server = dist.TCPStore("0.0.0.0", 0, None, True, timeout=timeout, wait_for_workers=False)
     uid = UniqueId(_advertised_host(), int(server.port), random_token(16))
-    _lib._servers[uid.token] = server
+    _lib.servers[uid.token] = server
     return uid
 
 
@@ -136,7 +136,7 @@ class Communicator:
         self.local_rank: int = self.node_ranks.index(self.rank)
         self.local_size: int = len(self.node_ranks)
         self.num_nodes: int = len(set(keys))
-        _lib._communicators.add(self)
+        _lib.communicators.add(self)
 
     def __repr__(self) -> str:
         state = "destroyed" if self._destroyed else "live"
@@ -152,14 +152,16 @@ class Communicator:
             After :meth:`destroy` or :func:`finalize_lib`.
         """
         if self._destroyed:
-            if _lib._state["finalized"]:
+            if _lib.state["finalized"]:
                 raise RuntimeError(f"wholemem {what}: the library was finalized (finalize_lib)")
             raise RuntimeError(f"wholemem {what}: the communicator was destroyed")
 
-    def _mark_destroyed(self) -> None:
-        # Not collective (finalize_lib): unmap the peers' GPU chunks and drop this rank's
-        # holds; own chunks are freed once every rank dropped its hold, at process exit at
-        # the latest.
+    def close_locally(self) -> None:
+        """Mark this communicator destroyed without talking to the others (``finalize_lib``).
+
+        Not collective: unmaps the peers' GPU chunks and drops this rank's holds; own
+        chunks are freed once every rank dropped its hold, at process exit at the latest.
+        """
         for g in list(self._gpu_chunks):
             try:
                 g.close()
@@ -217,10 +219,10 @@ class Communicator:
         self.barrier()  # every peer has unmapped this rank's chunks: they are freed here
         if self._dev_pg is not None and self._dev_pg is not self._pg and hasattr(self._dev_pg, "shutdown"):
             self._dev_pg.shutdown()
-        self._mark_destroyed()
-        _lib._communicators.discard(self)
+        self.close_locally()
+        _lib.communicators.discard(self)
         if self._token is not None:
-            _lib._servers.pop(self._token, None)  # every rank is connected: the store is no longer needed
+            _lib.servers.pop(self._token, None)  # every rank is connected: the store is no longer needed
         if errors:
             raise RuntimeError(f"wholemem Communicator.destroy: unmapping GPU chunks failed: {errors[0]}")
 
@@ -348,7 +350,7 @@ def create_communicator(
         raise TypeError(f"unique_id must be a wholemem.UniqueId (from get_unique_id()), got {type(unique_id).__name__}")
     if device_backend not in DEVICE_BACKENDS:
         raise ValueError(f"device_backend must be one of {DEVICE_BACKENDS}, got {device_backend!r}")
-    server = _lib._servers.get(unique_id.token)
+    server = _lib.servers.get(unique_id.token)
     if server is not None:
         store = server
     else:
