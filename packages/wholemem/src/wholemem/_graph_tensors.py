@@ -21,7 +21,8 @@ from ._comm import Communicator
 from ._compat import get_wm_communicator, get_wm_tensor_type
 from ._io import create_wm_tensor_from_file, load_from_files, stat_filelist_element_count, store_to_files
 from ._ops import gather, get_local_tensor, get_tensor_view, scatter
-from ._tensor import ChunkedTensor, NCCLTensor, WmTensorType, create_wm_tensor
+from ._create import create_wm_tensor
+from ._tensor import ChunkedTensor, NCCLTensor, WmTensorType
 
 #: what a graph array may be
 GraphArray = Any
