@@ -19,9 +19,9 @@ import torch
 
 from ._comm import Communicator
 from ._compat import get_wm_communicator, get_wm_tensor_type
+from ._create import create_wm_tensor
 from ._io import create_wm_tensor_from_file, load_from_files, stat_filelist_element_count, store_to_files
 from ._ops import gather, get_local_tensor, get_tensor_view, scatter
-from ._create import create_wm_tensor
 from ._tensor import ChunkedTensor, NCCLTensor, WmTensorType
 
 #: what a graph array may be
