@@ -77,3 +77,17 @@ def test_double_backward_closed_form(nprocs: int) -> None:
     # create_graph=True through every collective: Hessian-vector products in closed form
     res = run_mpi(SCRIPTS / "double_backward.py", nprocs, timeout=120)
     assert f"all checks passed on {nprocs} ranks" in res.stdout
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_nonblocking_collectives_match_blocking(nprocs: int) -> None:
+    # values, gradients, double backward, gradcheck, several in flight, AVG, debug mode
+    res = run_mpi(SCRIPTS / "nonblocking.py", nprocs, timeout=180)
+    assert f"all checks passed on {nprocs} ranks" in res.stdout
+
+
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_data_parallel_matches_single_process_training(nprocs: int) -> None:
+    res = run_mpi(SCRIPTS / "data_parallel.py", nprocs, timeout=180)
+    assert "mlp: 20 steps match" in res.stdout and "transformer: 20 steps match" in res.stdout
+    assert f"all checks passed on {nprocs} ranks" in res.stdout

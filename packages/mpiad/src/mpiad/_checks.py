@@ -1,0 +1,108 @@
+"""Argument checks at the public boundary (raised before any communication)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from distkit_common.dtypes import CODES
+
+from . import _mpiad
+from ._constants import MPI_MAXLOC, MPI_MINLOC, OP_NAMES
+from ._errors import MpiadTypeError, MpiadValueError
+
+Tensor = torch.Tensor
+
+#: torch dtype -> distkit dtype code (the codes of the extension)
+CODE: dict[torch.dtype, int] = {getattr(torch, name): code for name, code in CODES.items()}
+_DTYPE: dict[int, torch.dtype] = {code: dt for dt, code in CODE.items()}
+
+#: (op, dtype) -> dtype code for every pair a reduction accepts, from the extension's
+#: own table (MINLOC/MAXLOC excluded: they also need a shape check). One dict lookup
+#: validates a call; built once, never mutated (torch.compile may guard on it).
+VALID: dict[tuple[int, torch.dtype], int] = {
+    (op, _DTYPE[code]): code
+    for op, code in _mpiad.valid_op_dtypes()
+    if op not in (MPI_MINLOC, MPI_MAXLOC) and code in _DTYPE
+}
+_VALID_ALL = frozenset((op, _DTYPE[code]) for op, code in _mpiad.valid_op_dtypes() if code in _DTYPE)
+
+
+def dtype_code(t: Tensor, name: str = "tensor") -> int:
+    """distkit dtype code of ``t`` (TypeError for unsupported dtypes)."""
+    code = CODE.get(t.dtype)
+    if code is None:
+        supported = ", ".join(str(d).removeprefix("torch.") for d in CODE)
+        raise MpiadTypeError(f"{name} has unsupported dtype {t.dtype}; supported: {supported}")
+    return code
+
+
+def check_tensor(t: Any, name: str = "tensor") -> Tensor:
+    """TypeError unless ``t`` is a strided CPU/CUDA tensor of a supported dtype."""
+    if not isinstance(t, torch.Tensor):
+        raise MpiadTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__} {t!r:.80}")
+    if t.layout != torch.strided:
+        raise MpiadTypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+    if not (t.is_cpu or t.is_cuda):  # (meta tensors have no memory for MPI)
+        raise MpiadValueError(f"{name} must live on the CPU or a CUDA device, got {t.device}")
+    dtype_code(t, name)
+    return t
+
+
+def check_int(v: Any, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise MpiadTypeError(f"{name} must be an int, got {type(v).__name__} {v!r:.80}")
+    return int(v)
+
+
+def check_rank(v: Any, name: str, size: int) -> int:
+    v = check_int(v, name)
+    if not 0 <= v < size:
+        raise MpiadValueError(f"{name} = {v} is out of range for a communicator of size {size} (valid: 0..{size - 1})")
+    return v
+
+
+def check_axis(v: Any, name: str, ndim: int) -> int:
+    v = check_int(v, name)
+    if not -ndim <= v < ndim:
+        raise MpiadValueError(f"{name} = {v} is out of range for a tensor with {ndim} dimension(s)")
+    return v % ndim
+
+
+def check_numelem(v: Any) -> int:
+    v = check_int(v, "numelem")
+    if v < 0:
+        raise MpiadValueError(f"numelem must be >= 0, got {v}")
+    return v
+
+
+def check_tag(v: Any, name: str, tag_ub: int = 32767) -> int:
+    """``v`` as a tag: 0 .. ``tag_ub`` - 10 (the backward message uses tag + 10)."""
+    v = check_int(v, name)
+    if not 0 <= v <= tag_ub - 10:
+        raise MpiadValueError(
+            f"{name} = {v} is out of range (0..{tag_ub - 10}: MPI_TAG_UB = {tag_ub}, tag+10 carries the gradient)"
+        )
+    return v
+
+
+def check_op(op: Any, t: Tensor) -> int:
+    """``op`` validated for ``t`` (op constant, dtype, MINLOC/MAXLOC pair shape)."""
+    if type(op) is int and (op, t.dtype) in VALID:
+        return op
+    op = check_int(op, "op")
+    if op not in OP_NAMES:
+        raise MpiadValueError(f"op = {op} is not one of the MPI_* constants")
+    if (op, t.dtype) not in _VALID_ALL:
+        raise MpiadTypeError(f"{OP_NAMES[op]} is not supported for dtype {str(t.dtype).removeprefix('torch.')}")
+    if op in (MPI_MINLOC, MPI_MAXLOC) and (t.dim() == 0 or t.shape[-1] != 2):
+        raise MpiadValueError(
+            f"{OP_NAMES[op]} needs (value, index) pairs in the last dimension (size 2), got shape {tuple(t.shape)}"
+        )
+    return op
+
+
+def op_name(op: int) -> str:
+    return OP_NAMES.get(op, str(op))
