@@ -5,11 +5,13 @@
 // buffer with one derived datatype (BigMPI's technique: a contiguous type of
 // chunks plus a remainder), so it stays one MPI call. Reductions cannot use
 // derived types with predefined ops, so they are chunked into calls of at most
-// kChunk elements (see collectives.hpp).
+// chunk_elements() elements (see collectives.hpp).
 #pragma once
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <utility>
@@ -18,11 +20,19 @@
 
 namespace mpiad {
 
-/// Elements per MPI call when a count does not fit an int (a power of two, so
-/// chunk boundaries keep the alignment of the buffer).
-constexpr int64_t kChunk = int64_t(1) << 30;
+/// The largest count handed to an MPI call as an int. INT_MAX, except in the
+/// tests, which lower it (set_count_limit) to run the large-count paths on small
+/// buffers; the large-count machinery is then the same code at any size.
+inline std::atomic<int64_t>& count_limit() {
+  static std::atomic<int64_t> limit{INT_MAX};
+  return limit;
+}
 
-inline bool fits_int(int64_t n) { return n >= 0 && n <= INT_MAX; }
+inline bool fits_int(int64_t n) { return n >= 0 && n <= count_limit().load(std::memory_order_relaxed); }
+
+/// Elements per MPI call when a count does not fit: 2^30 (a power of two, so chunk
+/// boundaries keep the alignment of the buffer), or the lowered limit.
+inline int64_t chunk_elements() { return std::min<int64_t>(int64_t(1) << 30, count_limit().load()); }
 
 /// `n` elements of `base` starting `offset` bytes after the buffer address, as a
 /// (datatype, count) pair for one MPI call: (base, n) when that is possible,
@@ -43,15 +53,16 @@ class Span {
     if (fits_int(n)) {
       dm::check(MPI_Type_contiguous(static_cast<int>(n), base, &body), "MPI_Type_contiguous");
     } else {
-      const int64_t q = n / kChunk, r = n % kChunk;
+      const int64_t chunk_n = chunk_elements();
+      const int64_t q = n / chunk_n, r = n % chunk_n;
       MPI_Datatype chunk = MPI_DATATYPE_NULL, chunks = MPI_DATATYPE_NULL;
-      dm::check(MPI_Type_contiguous(static_cast<int>(kChunk), base, &chunk), "MPI_Type_contiguous");
+      dm::check(MPI_Type_contiguous(static_cast<int>(chunk_n), base, &chunk), "MPI_Type_contiguous");
       dm::check(MPI_Type_contiguous(static_cast<int>(q), chunk, &chunks), "MPI_Type_contiguous");
       if (r == 0) {
         body = chunks;
       } else {
         int lens[2] = {1, static_cast<int>(r)};
-        MPI_Aint displs[2] = {0, static_cast<MPI_Aint>(q * kChunk) * extent};
+        MPI_Aint displs[2] = {0, static_cast<MPI_Aint>(q * chunk_n) * extent};
         MPI_Datatype types[2] = {chunks, base};
         dm::check(MPI_Type_create_struct(2, lens, displs, types, &body), "MPI_Type_create_struct");
         MPI_Type_free(&chunks);

@@ -2,7 +2,7 @@
 //
 // Counts are int64: above INT_MAX they use the MPI-4 large-count functions when
 // the library has them, otherwise derived datatypes (bigcount.hpp) or, for
-// reductions, calls of at most kChunk elements. Each function is called with the
+// reductions, calls of at most chunk_elements() elements. Each function runs with the
 // GIL released, from the caller's thread (blocking API) or from the engine's
 // worker thread (non-blocking API, engine.hpp).
 #pragma once
@@ -118,7 +118,7 @@ inline void allreduce(MPI_Comm c, const void* send, void* recv, int64_t nbytes, 
 #if MPI_VERSION >= 4
   const int64_t step = r.items;
 #else
-  const int64_t step = kChunk;
+  const int64_t step = chunk_elements();
 #endif
   for (int64_t i = 0; i < r.items; i += step) {
     const int64_t off = i * r.item_bytes;
@@ -137,7 +137,7 @@ inline void allreduce(MPI_Comm c, const void* send, void* recv, int64_t nbytes, 
       dm::check(MPI_Allreduce_c(sb, rbuf, n, r.type, r.op, c), "MPI_Allreduce_c");
     }
 #else
-    const int n = static_cast<int>(std::min(kChunk, r.items - i));
+    const int n = static_cast<int>(std::min(step, r.items - i));
     if (rb) {
       if (rank == 0) {
         dm::check(MPI_Reduce(sb, rbuf, n, r.type, r.op, 0, c), "MPI_Reduce");
@@ -163,9 +163,10 @@ inline void reduce(MPI_Comm c, const void* send, void* recv, int64_t count, DTyp
     dm::check(MPI_Reduce_c(inplace ? MPI_IN_PLACE : send, recv, r.items, r.type, r.op, root, c), "MPI_Reduce_c");
   }
 #else
-  for (int64_t i = 0; i < r.items; i += kChunk) {
+  const int64_t step = chunk_elements();
+  for (int64_t i = 0; i < r.items; i += step) {
     const int64_t off = i * r.item_bytes;
-    const int n = static_cast<int>(std::min(kChunk, r.items - i));
+    const int n = static_cast<int>(std::min(step, r.items - i));
     const void* sb = inplace ? MPI_IN_PLACE : at(send, off);
     void* rbuf = rank == root ? at(recv, off) : nullptr;
     dm::check(MPI_Reduce(sb, rbuf, n, r.type, r.op, root, c), "MPI_Reduce");

@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <climits>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -239,6 +240,12 @@ PYBIND11_MODULE(_mpiad, m) {
     return py::make_tuple(mpiad::allreduce_config().mode.load(), mpiad::allreduce_config().large_bytes.load());
   }, "(mode, large_bytes) of configure_allreduce.");
 
+  m.def("set_count_limit", [](int64_t limit) {
+    check<distkit::ValueError>(limit >= 1 && limit <= INT_MAX, "limit must be in 1..", INT_MAX, ", got ", limit);
+    mpiad::count_limit() = limit;
+  }, "For tests: the largest count passed to MPI as an int (default INT_MAX); above it the large-count paths "
+     "(derived datatypes, chunked reductions, MPI_Alltoallw) run. Every rank must use the same value.");
+  m.def("count_limit", [] { return mpiad::count_limit().load(); });
   m.def("comm_rank", [](uintptr_t h) { return mpiad::comm_rank(C(h)); });
   m.def("comm_size", [](uintptr_t h) { return mpiad::comm_size(C(h)); });
   m.def("barrier", [](uintptr_t h) {
