@@ -133,9 +133,7 @@ def data_parallel(cap_mb: float) -> None:
         mpiad_ms=med(t["mpiad"]) * 1e3,
         ddp_ms=med(t["ddp"]) * 1e3,
     )
-    hidden = sorted(
-        max(0.0, min(1.0, (b + c - d) / c)) for b, c, d in zip(t["bwd"], t["comm"], t["dp"])
-    )
+    hidden = sorted(max(0.0, min(1.0, (b + c - d) / c)) for b, c, d in zip(t["bwd"], t["comm"], t["dp"]))
     h = statistics.median(hidden)
     emit(
         f"DataParallel: fraction of the all-reduce time hidden behind backward ({mp.bucket_count} buckets)",

@@ -199,3 +199,14 @@ def test_allreduce_latency_paths() -> None:
         _mpiad.allreduce_fast(h, a.data_ptr(), b.data_ptr(), 16, 2, mpiad.MPI_BXOR)
     with pytest.raises(TypeError, match="unknown dtype code 99"):
         _mpiad.allreduce_fast(h, a.data_ptr(), b.data_ptr(), 16, 99, mpiad.MPI_SUM)
+
+
+def test_irecv_fills_the_tensor_passed_in() -> None:
+    # a receive buffer MPI cannot write directly (non-contiguous here; a CUDA tensor
+    # without CUDA-aware MPI takes the same staging path) is filled at the Wait
+    comm = mpiad.COMM_WORLD
+    buf = torch.zeros(3, 2).t()
+    h = comm.Isend(torch.arange(6.0).view(2, 3), 0, 5)
+    got = comm.Wait(comm.Irecv(buf, 0, 5))
+    comm.Wait(h)
+    assert got.data_ptr() == buf.data_ptr() and torch.equal(buf, torch.arange(6.0).view(2, 3))

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from distkit_common.dtypes import CODES
+from distkit_common.validate import Checks
 
 from . import _mpiad
 from ._constants import MPI_MAXLOC, MPI_MINLOC, OP_NAMES
 from ._errors import MpiadTypeError, MpiadValueError
 
 Tensor = torch.Tensor
+
+#: distkit's shared checks, raising mpiad's exception classes (also RuntimeErrors, as mpi4torch's)
+CHECKS = Checks(type_error=MpiadTypeError, value_error=MpiadValueError, index_error=MpiadValueError)
 
 #: torch dtype -> distkit dtype code (the codes of the extension)
 CODE: dict[torch.dtype, int] = {getattr(torch, name): code for name, code in CODES.items()}
@@ -41,8 +44,7 @@ def dtype_code(t: Tensor, name: str = "tensor") -> int:
 
 def check_tensor(t: Any, name: str = "tensor") -> Tensor:
     """TypeError unless ``t`` is a strided CPU/CUDA tensor of a supported dtype."""
-    if not isinstance(t, torch.Tensor):
-        raise MpiadTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__} {t!r:.80}")
+    CHECKS.tensor(t, name)
     if t.layout != torch.strided:
         raise MpiadTypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
     if not (t.is_cpu or t.is_cuda):  # (meta tensors have no memory for MPI)
@@ -51,31 +53,13 @@ def check_tensor(t: Any, name: str = "tensor") -> Tensor:
     return t
 
 
-def check_int(v: Any, name: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise MpiadTypeError(f"{name} must be an int, got {type(v).__name__} {v!r:.80}")
-    return int(v)
-
-
-def check_rank(v: Any, name: str, size: int) -> int:
-    v = check_int(v, name)
-    if not 0 <= v < size:
-        raise MpiadValueError(f"{name} = {v} is out of range for a communicator of size {size} (valid: 0..{size - 1})")
-    return v
-
-
-def check_axis(v: Any, name: str, ndim: int) -> int:
-    v = check_int(v, name)
-    if not -ndim <= v < ndim:
-        raise MpiadValueError(f"{name} = {v} is out of range for a tensor with {ndim} dimension(s)")
-    return v % ndim
+check_int = CHECKS.int
+check_rank = CHECKS.rank
+check_axis = CHECKS.axis
 
 
 def check_numelem(v: Any) -> int:
-    v = check_int(v, "numelem")
-    if v < 0:
-        raise MpiadValueError(f"numelem must be >= 0, got {v}")
-    return v
+    return CHECKS.int(v, "numelem", lo=0)
 
 
 def check_tag(v: Any, name: str, tag_ub: int = 32767) -> int:

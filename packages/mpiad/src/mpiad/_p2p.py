@@ -16,7 +16,7 @@ from . import _mpiad
 from ._checks import CODE
 from ._constants import BACKWARD_TAG_OFFSET
 from ._handles import WaitHandle, make_handle
-from ._staging import from_mpi, mpi_empty, to_mpi, write_back
+from ._staging import cuda_aware, from_mpi, mpi_empty, sync_device, to_mpi, write_back
 
 Tensor = torch.Tensor
 
@@ -36,7 +36,7 @@ class _Message:
         # the received values go into the tensor passed to Irecv, as in mpi4torch: in
         # place when MPI could write there, else copied from the (staging) buffer
         if self.buf is not self.src:
-            write_back(self.src, from_mpi(self.buf, self.src))
+            write_back(self.src, self.buf)  # (copy_ moves a staged buffer to the device)
         if self.src.numel():
             torch.autograd.graph.increment_version(self.src)
         return self.src.detach()
@@ -62,8 +62,12 @@ def isend(comm: int, t: Tensor, dest: int, tag: int) -> WaitHandle:
 
 def irecv(comm: int, t: Tensor, source: int, tag: int) -> WaitHandle:
     src = t.detach()
-    # receive straight into the given tensor when MPI can write there
-    buf = src if src.is_cpu and src.is_contiguous() else mpi_empty(t.shape, t)
+    # receive straight into the given tensor when MPI can write there (a CUDA tensor
+    # only with a CUDA-aware MPI, after the kernels still using it are done)
+    direct = src.is_contiguous() and (src.is_cpu or cuda_aware())
+    if direct:
+        sync_device(src)
+    buf = src if direct else mpi_empty(t.shape, t)
     req = _mpiad.irecv(comm, buf.data_ptr(), buf.numel(), CODE[buf.dtype], source, tag, buf)
     shape, dtype, device, btag = t.shape, t.dtype, t.device, tag + BACKWARD_TAG_OFFSET
 
