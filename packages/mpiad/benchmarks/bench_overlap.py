@@ -84,8 +84,9 @@ def model() -> torch.nn.Module:
 
 def data_parallel(cap_mb: float) -> None:
     torch.manual_seed(1 + rank)
-    x = torch.randn(64, 768)
-    y = torch.randint(0, 10, (64,))
+    # a small batch: the step is communication-bound, where the implementations differ
+    x = torch.randn(16, 768)
+    y = torch.randint(0, 10, (16,))
     loss_fn = torch.nn.CrossEntropyLoss()
     mp = mpiad.DataParallel(model(), bucket_cap_mb=cap_mb)
     ddp = torch.nn.parallel.DistributedDataParallel(model(), bucket_cap_mb=cap_mb)

@@ -7,6 +7,12 @@
 // overlap users start it for would not happen. A worker running the blocking
 // call progresses it while the caller computes (as torch's ProcessGroupMPI does).
 //
+// Before each operation the worker waits, without spinning, until every rank's
+// worker has reached it (an MPI_Ibarrier tested with a growing sleep): a blocking
+// MPI call busy-polls while it waits for a late peer, and that poll would take
+// the core from the computation the overlap is for (badly so when ranks share
+// cores). Once all have arrived the transfer itself runs at full speed.
+//
 // The worker uses its own duplicate of each communicator (made, collectively, at
 // the first non-blocking call on it and cached as an MPI attribute), so blocking
 // collectives of the caller's thread on the original communicator can never be
@@ -16,6 +22,8 @@
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -65,13 +73,14 @@ class Engine {
     return *e;
   }
 
-  std::shared_ptr<Pending> submit(std::function<void()> fn) {
+  /// Queue `fn` (blocking MPI calls on `comm`, a worker_comm) for the worker.
+  std::shared_ptr<Pending> submit(MPI_Comm comm, std::function<void()> fn) {
     auto p = std::make_shared<Pending>();
     {
       std::lock_guard<std::mutex> lk(m_);
       distkit::check<distkit::Error>(!stopped_, "mpiad's non-blocking engine was shut down (interpreter exit)");
       if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
-      queue_.emplace_back(std::move(fn), p);
+      queue_.push_back(Task{comm, std::move(fn), p});
     }
     cv_.notify_one();
     return p;
@@ -115,29 +124,52 @@ class Engine {
     return MPI_SUCCESS;
   }
 
+  struct Task {
+    MPI_Comm comm;
+    std::function<void()> fn;
+    std::shared_ptr<Pending> pending;
+  };
+
+  /// Return once every rank of `comm` has called it; polls briefly, then sleeps
+  /// between tests (20 us doubling to 1 ms) instead of spinning.
+  static void arrive(MPI_Comm comm) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    distkit::mpi::check(MPI_Ibarrier(comm, &req), "MPI_Ibarrier");
+    int done = 0;
+    for (int polls = 0;; ++polls) {
+      distkit::mpi::check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (done) return;
+      if (polls >= 64) {
+        const int shift = std::min(polls - 64, 6);
+        std::this_thread::sleep_for(std::chrono::microseconds(20 << shift));
+      }
+    }
+  }
+
   void run() {
     for (;;) {
-      std::pair<std::function<void()>, std::shared_ptr<Pending>> item;
+      Task task;
       {
         std::unique_lock<std::mutex> lk(m_);
         cv_.wait(lk, [this] { return stopped_ || !queue_.empty(); });
         if (queue_.empty()) return;  // stopped and drained
-        item = std::move(queue_.front());
+        task = std::move(queue_.front());
         queue_.pop_front();
       }
       std::exception_ptr err;
       try {
-        item.first();
+        arrive(task.comm);
+        task.fn();
       } catch (...) {
         err = std::current_exception();
       }
-      item.second->finish(err);
+      task.pending->finish(err);
     }
   }
 
   std::mutex m_;
   std::condition_variable cv_;
-  std::deque<std::pair<std::function<void()>, std::shared_ptr<Pending>>> queue_;
+  std::deque<Task> queue_;
   std::thread worker_;
   bool stopped_ = false;
 };

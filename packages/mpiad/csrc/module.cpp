@@ -114,10 +114,10 @@ struct Request {
   }
 };
 
-std::unique_ptr<Request> queued(std::function<void()> fn, py::object keep) {
+std::unique_ptr<Request> queued(MPI_Comm w, std::function<void()> fn, py::object keep) {
   auto r = std::make_unique<Request>();
   r->keep = std::move(keep);
-  r->pending = mpiad::Engine::get().submit(std::move(fn));
+  r->pending = mpiad::Engine::get().submit(w, std::move(fn));
   return r;
 }
 
@@ -391,7 +391,7 @@ PYBIND11_MODULE(_mpiad, m) {
     const DType d = D(dtype);
     mpiad::reduction(op, d, nbytes);
     MPI_Comm w = mpiad::Engine::worker_comm(C(h));
-    return queued([=] { mpiad::allreduce(w, P(send), P(recv), nbytes, d, op); }, std::move(keep));
+    return queued(w, [=] { mpiad::allreduce(w, P(send), P(recv), nbytes, d, op); }, std::move(keep));
   });
   m.def("ireduce", [](uintptr_t h, uintptr_t send, uintptr_t recv, int64_t count, int64_t dtype, int64_t op, int root,
                       py::object keep) {
@@ -400,7 +400,7 @@ PYBIND11_MODULE(_mpiad, m) {
     check_rank(root, c, "root");
     mpiad::reduction(op, d, count * distkit::itemsize(d));
     MPI_Comm w = mpiad::Engine::worker_comm(c);
-    return queued([=] { mpiad::reduce(w, P(send), P(recv), count, d, op, root); }, std::move(keep));
+    return queued(w, [=] { mpiad::reduce(w, P(send), P(recv), count, d, op, root); }, std::move(keep));
   });
   m.def("ireduce_scatter", [](uintptr_t h, uintptr_t send, uintptr_t recv, I64s counts, int64_t dtype, int64_t op,
                               py::object keep) {
@@ -410,7 +410,7 @@ PYBIND11_MODULE(_mpiad, m) {
     check<distkit::TypeError>(!mpiad::is_loc(op), "Reduce_scatter does not support ", mpiad::op_name(op));
     mpiad::check_per_rank(counts, mpiad::comm_size(c), "counts");
     MPI_Comm w = mpiad::Engine::worker_comm(c);
-    return queued([=] { mpiad::reduce_scatter(w, P(send), P(recv), counts, d, op); }, std::move(keep));
+    return queued(w, [=] { mpiad::reduce_scatter(w, P(send), P(recv), counts, d, op); }, std::move(keep));
   });
   m.def("ibcast", [](uintptr_t h, uintptr_t buf, int64_t count, int64_t dtype, int root, py::object keep) {
     MPI_Comm c = C(h);
@@ -418,7 +418,7 @@ PYBIND11_MODULE(_mpiad, m) {
     check_count(count, "count");
     check_rank(root, c, "root");
     MPI_Comm w = mpiad::Engine::worker_comm(c);
-    return queued([=] { mpiad::bcast(w, P(buf), count, d, root); }, std::move(keep));
+    return queued(w, [=] { mpiad::bcast(w, P(buf), count, d, root); }, std::move(keep));
   });
   m.def("igatherv", [](uintptr_t h, uintptr_t send, int64_t count, uintptr_t recv, I64s counts, I64s displs,
                        int64_t dtype, int root, py::object keep) {
@@ -429,7 +429,7 @@ PYBIND11_MODULE(_mpiad, m) {
     mpiad::check_per_rank(counts, mpiad::comm_size(c), "counts");
     mpiad::check_per_rank(displs, mpiad::comm_size(c), "displs");
     MPI_Comm w = mpiad::Engine::worker_comm(c);
-    return queued([=] { mpiad::gatherv(w, P(send), count, P(recv), counts, displs, d, root); }, std::move(keep));
+    return queued(w, [=] { mpiad::gatherv(w, P(send), count, P(recv), counts, displs, d, root); }, std::move(keep));
   });
   m.def("iallgatherv", [](uintptr_t h, uintptr_t send, int64_t count, uintptr_t recv, I64s counts, I64s displs,
                           int64_t dtype, py::object keep) {
@@ -439,7 +439,7 @@ PYBIND11_MODULE(_mpiad, m) {
     mpiad::check_per_rank(counts, mpiad::comm_size(c), "counts");
     mpiad::check_per_rank(displs, mpiad::comm_size(c), "displs");
     MPI_Comm w = mpiad::Engine::worker_comm(c);
-    return queued([=] { mpiad::allgatherv(w, P(send), count, P(recv), counts, displs, d); }, std::move(keep));
+    return queued(w, [=] { mpiad::allgatherv(w, P(send), count, P(recv), counts, displs, d); }, std::move(keep));
   });
   m.def("iscatterv", [](uintptr_t h, uintptr_t send, I64s counts, I64s displs, uintptr_t recv, int64_t count,
                         int64_t dtype, int root, py::object keep) {
@@ -450,7 +450,7 @@ PYBIND11_MODULE(_mpiad, m) {
     mpiad::check_per_rank(counts, mpiad::comm_size(c), "counts");
     mpiad::check_per_rank(displs, mpiad::comm_size(c), "displs");
     MPI_Comm w = mpiad::Engine::worker_comm(c);
-    return queued([=] { mpiad::scatterv(w, P(send), counts, displs, P(recv), count, d, root); }, std::move(keep));
+    return queued(w, [=] { mpiad::scatterv(w, P(send), counts, displs, P(recv), count, d, root); }, std::move(keep));
   });
   m.def("ialltoallv", [](uintptr_t h, uintptr_t send, I64s scounts, I64s sdispls, uintptr_t recv, I64s rcounts,
                          I64s rdispls, int64_t dtype, py::object keep) {
@@ -462,7 +462,7 @@ PYBIND11_MODULE(_mpiad, m) {
     mpiad::check_per_rank(rcounts, size, "recv counts");
     mpiad::check_per_rank(rdispls, size, "recv displs");
     MPI_Comm w = mpiad::Engine::worker_comm(c);
-    return queued([=] { mpiad::alltoallv(w, P(send), scounts, sdispls, P(recv), rcounts, rdispls, d); },
+    return queued(w, [=] { mpiad::alltoallv(w, P(send), scounts, sdispls, P(recv), rcounts, rdispls, d); },
                   std::move(keep));
   });
   m.def("shutdown", [] {
