@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 import mpiad
+from distkit_common.dtypes import CODES
 from mpiad import _algo, _mpiad
 
 W = MPI.COMM_WORLD
@@ -133,7 +134,7 @@ def main() -> None:
             if nbytes >= 32768:
                 # the two large-message algorithms of the native call, same buffers as `out=`
                 # (the algorithm is a process-wide setting: set it per call, restored below)
-                h, code, ps, pr, nb = comm._handle, 2, x.data_ptr(), res.data_ptr(), x.nbytes
+                h, code, ps, pr, nb = comm.handle, CODES["float32"], x.data_ptr(), res.data_ptr(), x.nbytes
                 cfg, fast = _mpiad.configure_allreduce, _mpiad.allreduce_fast
                 fns["MPI_Allreduce"] = lambda: (cfg(_mpiad.ALGO_MPI, 0), fast(h, ps, pr, nb, code, S))
                 fns["Reduce+Bcast"] = lambda: (cfg(_mpiad.ALGO_REDUCE_BCAST, 0), fast(h, ps, pr, nb, code, S))

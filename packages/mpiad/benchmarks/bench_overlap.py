@@ -107,7 +107,7 @@ def data_parallel(cap_mb: float) -> None:
         mp.zero_grad()
         loss_fn(mp(x), y).backward()
 
-    bufs = [b.flat.clone() for b in mp._buckets]
+    bufs = [torch.zeros(b.flat.shape) for b in mp.buckets]
 
     def comm_only() -> None:  # the buckets' averaging alone, in the same order
         for buf in bufs:

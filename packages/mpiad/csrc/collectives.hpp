@@ -109,9 +109,10 @@ inline Reduction reduction(int64_t op, DType d, int64_t nbytes) {
   return r;
 }
 
-/// recv = op over the ranks' send (send == recv: in place); `nbytes` per rank.
-inline void allreduce(MPI_Comm c, const void* send, void* recv, int64_t nbytes, DType d, int64_t op) {
-  const Reduction r = reduction(op, d, nbytes);
+/// recv = op over the ranks' send (send == recv: in place); `nbytes` per rank;
+/// `r` = reduction(op, d, nbytes), validated by the caller before any communication.
+inline void allreduce(MPI_Comm c, const void* send, void* recv, int64_t nbytes, DType d, int64_t op,
+                      const Reduction& r) {
   const bool inplace = send == recv;
   const bool rb = use_reduce_bcast(c, nbytes);
   const int rank = rb ? comm_rank(c) : 0;
@@ -151,6 +152,10 @@ inline void allreduce(MPI_Comm c, const void* send, void* recv, int64_t nbytes, 
 #endif
   }
   if (op == kAvg) divide_by(recv, nbytes / distkit::itemsize(d), d, comm_size(c));
+}
+
+inline void allreduce(MPI_Comm c, const void* send, void* recv, int64_t nbytes, DType d, int64_t op) {
+  allreduce(c, send, recv, nbytes, d, op, reduction(op, d, nbytes));
 }
 
 /// root's recv = op over the ranks' send (send == recv on root: in place).

@@ -64,6 +64,11 @@ struct Pending {
     if (done && error) std::rethrow_exception(error);
     return done;
   }
+  /// Whether the operation has finished (never throws).
+  bool finished() {
+    std::lock_guard<std::mutex> lk(m);
+    return done;
+  }
 };
 
 class Engine {

@@ -110,7 +110,7 @@ struct Request {
     for (auto& r : reqs) {
       if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
     }
-    if (keep && !(pending && pending->test())) keep.inc_ref();
+    if (keep && !(pending && pending->finished())) keep.inc_ref();
   }
 };
 
@@ -156,18 +156,19 @@ PyObject* allreduce_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const long long op = PyLong_AsLongLong(args[5]);
   if (PyErr_Occurred()) return nullptr;
   MPI_Comm c = MPI_COMM_NULL;
-  DType d;
+  DType d = DType::Float32;
+  mpiad::Reduction r;
   try {
     c = C(h);
     d = D(code);
-    mpiad::reduction(op, d, nbytes);  // validates (op, dtype, nbytes) before any communication
+    r = mpiad::reduction(op, d, nbytes);  // validates (op, dtype, nbytes) before any communication
   } catch (...) {
     return raise_from(std::current_exception());
   }
   std::exception_ptr err;
   Py_BEGIN_ALLOW_THREADS
   try {
-    mpiad::allreduce(c, P(send), P(recv), nbytes, d, op);
+    mpiad::allreduce(c, P(send), P(recv), nbytes, d, op, r);
   } catch (...) {
     err = std::current_exception();
   }

@@ -64,6 +64,11 @@ def test_linear_regression_example(nprocs: int) -> None:
     assert "Final parameters: [0.1, 1.0, -2.0]" in res.stdout
 
 
+def test_overlap_and_data_parallel_example() -> None:
+    res = run_mpi(EXAMPLES / "overlap_and_data_parallel.py", 2, timeout=120)
+    assert res.stdout.count("same weights on every rank: True") == 2
+
+
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_mpi4torch_dropin_compat(nprocs: int) -> None:
     # `import mpiad as mpi4torch`: names, keyword calls, the other non-blocking orders,

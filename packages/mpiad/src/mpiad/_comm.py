@@ -133,6 +133,11 @@ class Communicator:
         return self._size
 
     @property
+    def handle(self) -> int:
+        """The MPI communicator handle (mpi4py's ``Comm.handle``) the native calls take."""
+        return self._handle
+
+    @property
     def mpi4py(self) -> Any:
         """The underlying ``mpi4py.MPI.Comm``."""
         return self._comm
@@ -555,8 +560,8 @@ class Communicator:
         RuntimeError
             The handle was already waited for.
         """
-        if _is_compiling() and isinstance(waithandle, WaitHandle) and waithandle._link is None:
-            return waithandle._dummy
+        if _is_compiling() and isinstance(waithandle, WaitHandle) and waithandle.link is None:
+            return waithandle.dummy
         return _handles.wait(waithandle)
 
     def Send(self, tensor: Tensor, dest: int, tag: int) -> Tensor:

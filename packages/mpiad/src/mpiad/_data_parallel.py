@@ -136,9 +136,9 @@ class DataParallel(torch.nn.Module):
         sig = [len(params)]
         for p in params:
             sig += [p.numel(), CODE[p.dtype]]
-        lengths = _mpiad.allgather_i64(self.comm._handle, [len(sig)])
+        lengths = _mpiad.allgather_i64(self.comm.handle, [len(sig)])
         if len(set(lengths)) == 1:
-            flat = _mpiad.allgather_i64(self.comm._handle, sig)
+            flat = _mpiad.allgather_i64(self.comm.handle, sig)
             sigs = [flat[i : i + len(sig)] for i in range(0, len(flat), len(sig))]
             if all(s == sigs[0] for s in sigs):
                 return
@@ -168,6 +168,11 @@ class DataParallel(torch.nn.Module):
     def bucket_count(self) -> int:
         """Number of gradient buckets."""
         return len(self._buckets)
+
+    @property
+    def buckets(self) -> list[Tensor]:
+        """The buckets' flat buffers (gradients, then one has-a-gradient flag per parameter), in order."""
+        return [b.flat for b in self._buckets]
 
     # ----------------------------------------------------------- forward
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -218,7 +223,7 @@ class DataParallel(torch.nn.Module):
                     if p.grad.data_ptr() != view.data_ptr():
                         view.copy_(p.grad)
                     flat[bucket.grad_numel + i] = 1
-        h = self.comm._handle
+        h = self.comm.handle
         debug_check(h, OP_ALLREDUCE + NONBLOCKING, flat, MPI_AVG)
         buf = flat
         if flat.is_cuda:

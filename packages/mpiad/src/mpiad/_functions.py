@@ -90,7 +90,7 @@ class AllreduceSmall(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, comm: Any, op: int, code: int) -> Tensor:
         y = _empty_like(x)
-        _allreduce_fast(comm._handle, x.data_ptr(), y.data_ptr(), x.nbytes, code, op)
+        _allreduce_fast(comm.handle, x.data_ptr(), y.data_ptr(), x.nbytes, code, op)
         ctx.a = (comm, op, code)
         if _grad.needs_saved(op):
             ctx.save_for_backward(x, y)
@@ -109,11 +109,11 @@ class AllreduceSmall(torch.autograd.Function):
             and CODE.get(g.dtype) == code
         ):
             gs = _empty_like(g)
-            _allreduce_fast(comm._handle, g.data_ptr(), gs.data_ptr(), g.nbytes, code, op)
+            _allreduce_fast(comm.handle, g.data_ptr(), gs.data_ptr(), g.nbytes, code, op)
             return gs, None, None, None
         x, y = ctx.saved_tensors if _grad.needs_saved(op) else (None, None)
-        be = EagerBackend(comm._handle, comm._rank, comm._size)
-        return _grad.allreduce_backward(be, g, x, y, op, comm._rank, comm._size), None, None, None
+        be = EagerBackend(comm.handle, comm.rank, comm.size)
+        return _grad.allreduce_backward(be, g, x, y, op, comm.rank, comm.size), None, None, None
 
 
 #: ``AllreduceSmall.apply`` without ``Function.apply``'s Python wrapper (~1.5 us here);

@@ -85,6 +85,11 @@ class WaitHandle:
         self._link = link
 
     @property
+    def link(self) -> Link | None:
+        """The state shared by the operation's autograd nodes (``None`` under torch.compile)."""
+        return self._link
+
+    @property
     def dummy(self) -> Tensor:
         """A tensor standing for this handle in :func:`mpiad.JoinDummies`' dummy list."""
         return self._dummy

@@ -31,8 +31,8 @@ Tensor = torch.Tensor
 
 
 def _link(h: WaitHandle) -> Link:
-    assert h._link is not None  # eager handles always have one
-    return h._link
+    assert h.link is not None  # eager handles always have one
+    return h.link
 
 
 def _zeros(g: Tensor | None, shape: Any, like: Tensor) -> Tensor:
@@ -41,7 +41,7 @@ def _zeros(g: Tensor | None, shape: Any, like: Tensor) -> Tensor:
 
 def iallreduce(c: Communicator, t: Tensor, op: int) -> WaitHandle:
     x = t.detach()
-    pending = _coll.allreduce(c._handle, x, op, nb=True)
+    pending = _coll.allreduce(c.handle, x, op, nb=True)
     keep = _grad.needs_saved(op)
     handle: WaitHandle
 
@@ -53,8 +53,8 @@ def iallreduce(c: Communicator, t: Tensor, op: int) -> WaitHandle:
         y = _link(handle).saved
         # the input itself (not detached), as the blocking op's saved tensor: under
         # create_graph the PROD formula differentiates through it
-        be = EagerBackend(c._handle, c._rank, c._size)
-        return _grad.allreduce_backward_finish(be, gs, t if keep else None, y, op, c._rank, c._size)
+        be = EagerBackend(c.handle, c.rank, c.size)
+        return _grad.allreduce_backward_finish(be, gs, t if keep else None, y, op, c.rank, c.size)
 
     handle = make_handle(t, "Iallreduce", pending, start, finish, keep_result=keep)
     return handle
@@ -67,7 +67,7 @@ def _inplace_target(t: Tensor) -> Tensor:
 
 def ibcast(c: Communicator, t: Tensor, root: int) -> WaitHandle:
     buf = _inplace_target(t)
-    pending = _coll.bcast_into(c._handle, buf, root, nb=True)
+    pending = _coll.bcast_into(c.handle, buf, root, nb=True)
 
     def start(g: Tensor | None) -> Any:
         return c.Ireduce_(_zeros(g, buf.shape, buf).clone(), MPI_SUM, root)
@@ -82,7 +82,7 @@ def ireduce(c: Communicator, t: Tensor, op: int, root: int) -> WaitHandle:
     keep = _grad.needs_saved(op)
     xin = t.detach().clone() if keep else None
     buf = _inplace_target(t)
-    pending = _coll.reduce_into(c._handle, buf, op, root, c._rank, nb=True)
+    pending = _coll.reduce_into(c.handle, buf, op, root, c.rank, nb=True)
     handle: WaitHandle
 
     def start(g: Tensor | None) -> Any:
@@ -91,8 +91,8 @@ def ireduce(c: Communicator, t: Tensor, op: int, root: int) -> WaitHandle:
     def finish(h: WaitHandle) -> Tensor:
         gr = c.Wait(h)
         y = _link(handle).saved
-        be = EagerBackend(c._handle, c._rank, c._size)
-        return _grad.reduce_backward_finish(be, gr, xin, y, op, root, c._rank, c._size)
+        be = EagerBackend(c.handle, c.rank, c.size)
+        return _grad.reduce_backward_finish(be, gr, xin, y, op, root, c.rank, c.size)
 
     handle = make_handle(t, "Ireduce_", pending, start, finish, keep_result=keep)
     return handle
@@ -100,7 +100,7 @@ def ireduce(c: Communicator, t: Tensor, op: int, root: int) -> WaitHandle:
 
 def igather(c: Communicator, t: Tensor, axis: int, root: int) -> WaitHandle:
     x = t.detach()
-    pending = _coll.gather(c._handle, x, axis, root, c._rank, nb=True)
+    pending = _coll.gather(c.handle, x, axis, root, c.rank, nb=True)
     n = x.shape[axis]
     handle: WaitHandle
 
@@ -113,7 +113,7 @@ def igather(c: Communicator, t: Tensor, axis: int, root: int) -> WaitHandle:
 
 def iallgather(c: Communicator, t: Tensor, axis: int) -> WaitHandle:
     x = t.detach()
-    pending = _coll.allgather(c._handle, x, axis, nb=True)
+    pending = _coll.allgather(c.handle, x, axis, nb=True)
     n = x.shape[axis]
     handle: WaitHandle
 
@@ -126,7 +126,7 @@ def iallgather(c: Communicator, t: Tensor, axis: int) -> WaitHandle:
 
 def iscatter(c: Communicator, t: Tensor, axis: int, numelem: int, root: int) -> WaitHandle:
     x = t.detach()
-    pending = _coll.scatter(c._handle, x, axis, numelem, root, c._rank, nb=True)
+    pending = _coll.scatter(c.handle, x, axis, numelem, root, c.rank, nb=True)
     handle: WaitHandle
 
     def start(g: Tensor | None) -> Any:
@@ -135,7 +135,7 @@ def iscatter(c: Communicator, t: Tensor, axis: int, numelem: int, root: int) -> 
 
     def finish(h: WaitHandle) -> Tensor:
         gx = c.Wait(h)
-        if c._rank != root:
+        if c.rank != root:
             # non-roots get zeros; the empty gathered part stays in the graph so that a
             # double backward runs its Scatter on every rank
             from ._comm import JoinDummies
@@ -149,7 +149,7 @@ def iscatter(c: Communicator, t: Tensor, axis: int, numelem: int, root: int) -> 
 
 def ialltoall(c: Communicator, t: Tensor, gaxis: int, saxis: int, numelem: int) -> WaitHandle:
     x = t.detach()
-    pending = _coll.alltoall(c._handle, x, gaxis, saxis, numelem, nb=True)
+    pending = _coll.alltoall(c.handle, x, gaxis, saxis, numelem, nb=True)
     n = x.shape[gaxis]
     handle: WaitHandle
 
@@ -162,7 +162,7 @@ def ialltoall(c: Communicator, t: Tensor, gaxis: int, saxis: int, numelem: int) 
 
 def ireduce_scatter(c: Communicator, t: Tensor, op: int, axis: int, numelem: int) -> WaitHandle:
     x = t.detach()
-    pending = _coll.reduce_scatter(c._handle, x, op, axis, numelem, nb=True)
+    pending = _coll.reduce_scatter(c.handle, x, op, axis, numelem, nb=True)
     handle: WaitHandle
 
     def start(g: Tensor | None) -> Any:
@@ -170,7 +170,7 @@ def ireduce_scatter(c: Communicator, t: Tensor, op: int, axis: int, numelem: int
 
     def finish(h: WaitHandle) -> Tensor:
         gx = c.Wait(h)
-        scale = _grad.reduce_scatter_adjoint_scale(op, c._size)
+        scale = _grad.reduce_scatter_adjoint_scale(op, c.size)
         return gx if scale == 1.0 else gx * scale
 
     handle = make_handle(t, "Ireduce_scatter", pending, start, finish)
