@@ -115,6 +115,15 @@ struct Request {
 };
 
 std::unique_ptr<Request> queued(MPI_Comm w, std::function<void()> fn, py::object keep) {
+  static const bool multiple = [] {
+    int level = 0;
+    MPI_Query_thread(&level);
+    return level == MPI_THREAD_MULTIPLE;
+  }();
+  // the worker thread calls MPI while the caller's thread may too
+  check<distkit::Error>(multiple,
+                        "non-blocking collectives need MPI initialised with MPI_THREAD_MULTIPLE (mpi4py's default; "
+                        "do not lower mpi4py.rc.thread_level)");
   auto r = std::make_unique<Request>();
   r->keep = std::move(keep);
   r->pending = mpiad::Engine::get().submit(w, std::move(fn));
