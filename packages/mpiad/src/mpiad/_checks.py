@@ -86,7 +86,3 @@ def check_op(op: Any, t: Tensor) -> int:
             f"{OP_NAMES[op]} needs (value, index) pairs in the last dimension (size 2), got shape {tuple(t.shape)}"
         )
     return op
-
-
-def op_name(op: int) -> str:
-    return OP_NAMES.get(op, str(op))

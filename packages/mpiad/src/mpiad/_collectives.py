@@ -54,9 +54,6 @@ class Pending:
         self.req.wait()
         return self._finish()
 
-    def test(self) -> bool:
-        return bool(self.req.test())
-
 
 def _run(
     nb: bool,

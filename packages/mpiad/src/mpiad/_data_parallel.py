@@ -52,7 +52,6 @@ class _Bucket:
         p0 = params[0]
         self.flat = torch.zeros(n + len(params), dtype=p0.dtype, device=p0.device)
         self.ready = 0
-        self.started = False
         self.req: Any = None
         self.host: Tensor | None = None  # pinned staging copy of a CUDA bucket (MPI not CUDA-aware)
 
@@ -62,7 +61,6 @@ class _Bucket:
 
     def reset(self) -> None:
         self.ready = 0
-        self.started = False
         self.req = None
         self.host = None
 
@@ -233,7 +231,6 @@ class DataParallel(torch.nn.Module):
                 buf = bucket.host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
                 buf.copy_(flat)
         bucket.req = _mpiad.iallreduce(h, buf.data_ptr(), buf.data_ptr(), buf.nbytes, CODE[buf.dtype], MPI_AVG, buf)
-        bucket.started = True
 
     def _finish(self) -> None:
         """End of backward: start what is left (buckets with unused parameters), in
