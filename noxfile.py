@@ -160,14 +160,15 @@ def run_pytest(session: nox.Session, packages: list[str], paths: list[str] | Non
 #: (kvps[distx]: server.save(format="distx") writes distx-fake's checkpoint format)
 TEST_EXTRAS: dict[str, list[str]] = {
     "kvps": ["distx-fake"],
+    "shardlayers": ["distx-fake"],
 }
 
 #: third-party test-only requirements of a package's tests (pinned: they are the interop references)
 TEST_REQUIREMENTS: dict[str, list[str]] = {
     "common": [],
     "wholemem": [],
-    "shardlayers": [],
-    "distx-fake": [],
+    "shardlayers": ["transformers==5.23.0"],
+    "distx-fake": ["transformers==5.23.0", "safetensors==0.8.0"],
     "kvps": [],
     "mpiad": [],
 }
@@ -191,6 +192,10 @@ def tests(session: nox.Session, package: str) -> None:
     build_wheels(session, [package, *optional])
     install_wheels(session, [package, *optional])
     run_pytest(session, [package])
+
+
+def _all_test_requirements() -> list[str]:
+    return sorted({req for reqs in TEST_REQUIREMENTS.values() for req in reqs})
 
 
 def _offline_installable(session: nox.Session, requirement: str) -> bool:
@@ -230,7 +235,7 @@ def matrix(session: nox.Session, torch: str) -> None:
             "(it would be a multi-GB download); skipping this cell"
         )
     wheelhouse = ROOT / "build" / f"wheelhouse-py{session.python}"
-    install_base(session, torch=torch)
+    install_base(session, torch=torch, extra=tuple(_all_test_requirements()))
     if "--rebuild" in session.posargs:  # forget the source digests: every wheel is built anew
         for stamp in wheelhouse.glob("*.digest"):
             stamp.unlink()
@@ -323,6 +328,10 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Every package's benchmark, then one report with plots under results/."""
     _install_everything(session)
+    # interop benchmarks compare with the test-only references (e.g. transformers' save_pretrained)
+    extra = _all_test_requirements()
+    if extra:
+        session.install(*extra)
     env = openmpi_env()
     session.run("python", str(ROOT / "tools" / "bench_all.py"), *session.posargs, env=env)
 
