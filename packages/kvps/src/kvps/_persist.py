@@ -240,7 +240,7 @@ def load_distx(server: Server, path: Any) -> None:
     ckpt = _distx_checkpoint()
     eng = server._engine
     try:
-        meta = ckpt.FileSystemReader(str(path)).read_metadata()
+        meta = ckpt.FileSystemReader(str(path)).read_index()
     except (OSError, ValueError) as e:
         raise OSError(f"cannot read the distx checkpoint in {path}: {e}") from e
     values = {e.get("path", [None])[0]: e for e in meta.get("entries", []) if isinstance(e, dict)}
