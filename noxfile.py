@@ -196,8 +196,7 @@ def tests(session: nox.Session, package: str) -> None:
     need root and network namespaces (ci/cluster/README.md); elsewhere they skip with one message.
     """
     if package == "cluster":
-        extra = sorted({req for reqs in TEST_REQUIREMENTS.values() for req in reqs})
-        install_base(session, extra=("tqdm>=4.60", "matplotlib>=3.7", *extra))
+        install_base(session, extra=("tqdm>=4.60", "matplotlib>=3.7", *_all_test_requirements()))
         build_wheels(session, list(PACKAGES))
         install_wheels(session, [p for p in PACKAGES if p != "common"])
         run_pytest(
