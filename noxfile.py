@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -142,9 +143,10 @@ def run_pytest(
     *,
     markers: str = "not cluster",
     plugins: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
 ) -> None:
     """pytest over the packages' tests; tests marked `cluster` run only in the `cluster` session."""
-    env = openmpi_env()
+    env = openmpi_env() | (extra_env or {})
     paths = [*(paths or []), *(str(ROOT / "packages" / p / "tests") for p in packages)]
     # run from an empty folder so nothing imports from the source tree by accident
     tmp = Path(session.create_tmp())
@@ -199,13 +201,23 @@ def tests(session: nox.Session, package: str) -> None:
         install_base(session, extra=("tqdm>=4.60", "matplotlib>=3.7", *_all_test_requirements()))
         build_wheels(session, list(PACKAGES))
         install_wheels(session, [p for p in PACKAGES if p != "common"])
-        run_pytest(
-            session,
-            list(PACKAGES),
-            paths=[str(ROOT / "tools" / "tests")],
-            markers="cluster",
-            plugins=("distkit_common.pytest_cluster",),
-        )
+        # collecting kvps' and mpiad's tests initialises MPI in pytest's own process (a singleton),
+        # whose shared-memory segment Open MPI 5.0 leaves behind: keep it in a folder removed afterwards
+        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        backing = tempfile.mkdtemp(prefix="distkit-nox-mpi-", dir=shm)
+        try:
+            run_pytest(
+                session,
+                list(PACKAGES),
+                paths=[str(ROOT / "tools" / "tests")],
+                markers="cluster",
+                plugins=("distkit_common.pytest_cluster",),
+                extra_env=dict.fromkeys(
+                    ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_osc_sm_backing_directory"), backing
+                ),
+            )
+        finally:
+            shutil.rmtree(backing, ignore_errors=True)
         return
     if package == "integration":
         install_base(session, extra=("tqdm>=4.60", "matplotlib>=3.7"))

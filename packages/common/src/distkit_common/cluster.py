@@ -89,7 +89,15 @@ class Host:
 
 
 def host(index: int) -> Host:
-    """Host ``index`` (1-based) of the simulated cluster (whether it is up or not)."""
+    """Host ``index`` (1-based) of the simulated cluster (whether it is up or not).
+
+    Raises
+    ------
+    TypeError
+        If ``index`` is not an int.
+    ValueError
+        If ``index`` is outside ``[1, MAX_HOSTS]``.
+    """
     if isinstance(index, bool) or not isinstance(index, int):
         raise TypeError(f"host index must be an int, got {type(index).__name__}")
     if not 1 <= index <= MAX_HOSTS:
@@ -98,7 +106,13 @@ def host(index: int) -> Host:
 
 
 def resolve_host(h: Host | str | int) -> Host:
-    """A :class:`Host` from itself, its name (``"dkh2"``) or its 1-based index."""
+    """A :class:`Host` from itself, its name (``"dkh2"``) or its 1-based index.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``h`` names no simulated host.
+    """
     if isinstance(h, Host):
         return h
     if isinstance(h, str):
@@ -225,6 +239,11 @@ def link_down(h: Host | str | int) -> None:
 
     Its processes keep running; packets to and from it are dropped silently,
     so peers notice only through keepalives and timeouts.
+
+    Raises
+    ------
+    ClusterError
+        If the link does not exist (the host is not up).
     """
     _ip("link", "set", resolve_host(h).link, "down")
 
@@ -235,6 +254,11 @@ def link_up(h: Host | str | int) -> None:
     Also forgets the neighbour (ARP) entries that failed while the link was
     down, on both sides: the kernel would otherwise refuse new connections
     with "no route to host" for a while, failing the next job's start.
+
+    Raises
+    ------
+    ClusterError
+        If the link does not exist (the host is not up).
     """
     hh = resolve_host(h)
     _ip("link", "set", hh.link, "up")
