@@ -1,4 +1,4 @@
-"""A pytest file that runs on every rank of a cluster job (test_cluster.py launches it with run_cluster)."""
+"""A pytest file that runs on every rank of a cluster job (test_cluster_jobs.py launches it with run_cluster)."""
 
 import os
 import socket
@@ -6,7 +6,7 @@ import socket
 import pytest
 
 pytestmark = pytest.mark.skipif(
-    not os.environ.get("DISTKIT_CLUSTER_STATUS_DIR"), reason="runs on the ranks of a cluster job (see test_cluster.py)"
+    not os.environ.get("DISTKIT_CLUSTER_STATUS_DIR"), reason="runs on the ranks of a cluster job (see test_cluster_jobs.py)"
 )
 
 
