@@ -17,7 +17,8 @@ SCRIPTS = Path(__file__).parent / "scripts"
 MPI_JOB = SCRIPTS / "cluster_mpi.py"
 GLOO_JOB = SCRIPTS / "cluster_gloo.py"
 REPORT = re.compile(
-    r"rank (\d+) size (\d+) host (\S+) local (\d+) (?:node_size (\d+) )?master (\S+) sum (\d+) exact (\S+)"
+    r"rank (\d+) size (\d+) host (\S+) local (\d+) (?:node_size (\d+) )?master (\S+) sum (\d+) exact (True|False)$",
+    re.M,
 )
 
 
@@ -56,7 +57,7 @@ def test_mpiexec_uneven_ranks_on_chosen_hosts() -> None:
 
 def test_pytest_file_runs_on_every_rank() -> None:
     res = run_cluster(2, 1, SCRIPTS / "test_rank_suite.py", 120, args=["-q", "-s", "--color=no"])
-    assert res.stdout.count("1 passed in") == 2
+    assert [r.code for r in res.ranks] == [0, 0]  # pytest's exit code on each rank
     assert "rank 0 on dkh1 passed" in res.stdout and "rank 1 on dkh2 passed" in res.stdout
 
 
@@ -130,16 +131,15 @@ def test_torchrun_2x2_gloo_sums_exactly_then_ends_when_a_host_is_killed() -> Non
             "True",
         )
     # gloo names the lost peer by its address (dkh2 is 10.213.0.2)
-    assert re.search(
-        r"Read error \[10\.213\.0\.2\]:\d+: Connection reset by peer|Connection closed by peer \[10\.213\.0\.2\]",
-        res.stderr,
-    )
+    assert re.search(r"RuntimeError: .*(Connection reset by peer|Connection closed by peer).*", res.stderr)
+    assert re.search(r"RuntimeError: .*\[10\.213\.0\.2\]", res.stderr)
     assert res.launcher_codes[0] != 0
 
 
 def test_gloo_job_ends_when_a_host_loses_its_link() -> None:
     res = _fault("torchrun", "link_down")
     # the heartbeat names the lost ranks on the connected side and the lost store on the other
-    assert re.search(r"rank [01] on dkh1 lost rank 2 on dkh2, rank 3 on dkh2", res.stderr)
+    # (one or both of dkh2's ranks: those silent past the timeout at the check that fired first)
+    assert re.search(r"rank [01] on dkh1 lost rank [23] on dkh2", res.stderr)
     assert re.search(r"rank [23] on dkh2 lost contact with the job's store on dkh1", res.stderr)
     assert all(c != 0 for c in res.launcher_codes)

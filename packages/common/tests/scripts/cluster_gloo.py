@@ -7,6 +7,7 @@ once under way (fault tests).
 import argparse
 import os
 import socket
+import sys
 import time
 
 import torch
@@ -23,11 +24,12 @@ dist.init_process_group("gloo", timeout=collective_timeout())
 rank, size = dist.get_rank(), dist.get_world_size()
 x = torch.full((1024,), float(rank + 1), dtype=torch.float64)
 dist.all_reduce(x)
-print(
+# one write per line: ranks of a host share the launcher's pipe, and two-part writes interleave
+sys.stdout.write(
     f"rank {rank} size {size} host {socket.gethostname()} local {os.environ['LOCAL_RANK']} "
-    f"master {os.environ['MASTER_ADDR']} sum {int(x[0])} exact {bool((x == size * (size + 1) / 2).all())}",
-    flush=True,
+    f"master {os.environ['MASTER_ADDR']} sum {int(x[0])} exact {bool((x == size * (size + 1) / 2).all())}\n"
 )
+sys.stdout.flush()
 if args.loop:
     y = torch.ones(1024)
     with heartbeat.watch():

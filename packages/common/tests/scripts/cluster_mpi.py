@@ -7,6 +7,7 @@
 import argparse
 import os
 import socket
+import sys
 import time
 
 import numpy as np
@@ -25,12 +26,13 @@ node = comm.Split_type(MPI.COMM_TYPE_SHARED)
 x = np.full(1024, float(rank + 1))
 y = np.empty_like(x)
 comm.Allreduce(x, y)
-print(
+# one write per line: ranks of a host share the launcher's pipe, and two-part writes interleave
+sys.stdout.write(
     f"rank {rank} size {size} host {socket.gethostname()} "
     f"local {os.environ['OMPI_COMM_WORLD_LOCAL_RANK']} node_size {node.size} "
-    f"master {os.environ['MASTER_ADDR']} sum {int(y[0])} exact {bool((y == size * (size + 1) / 2).all())}",
-    flush=True,
+    f"master {os.environ['MASTER_ADDR']} sum {int(y[0])} exact {bool((y == size * (size + 1) / 2).all())}\n"
 )
+sys.stdout.flush()
 if rank == args.fail_rank:
     raise ValueError(f"boom from rank {rank}")
 if rank == args.hang_rank:

@@ -6,7 +6,8 @@ import socket
 import pytest
 
 pytestmark = pytest.mark.skipif(
-    not os.environ.get("DISTKIT_CLUSTER_STATUS_DIR"), reason="runs on the ranks of a cluster job (see test_cluster_jobs.py)"
+    not os.environ.get("DISTKIT_CLUSTER_STATUS_DIR"),
+    reason="runs on the ranks of a cluster job (see test_cluster_jobs.py)",
 )
 
 
