@@ -180,7 +180,7 @@ TEST_EXTRAS: dict[str, list[str]] = {
 #: third-party test-only requirements of a package's tests (pinned: they are the interop references)
 TEST_REQUIREMENTS: dict[str, list[str]] = {
     "common": [],
-    "wholemem": [],
+    "wholemem": ["torch-geometric==2.8.1"],
     "shardlayers": ["transformers==5.23.0"],
     "distx-fake": ["transformers==5.23.0", "safetensors==0.8.0"],
     "kvps": [],
