@@ -17,6 +17,7 @@ through $MPICC / $MPIEXEC. What Open MPI needs on our machines is in ci/env.open
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -148,9 +149,19 @@ def run_pytest(
     """pytest over the packages' tests; tests marked `cluster` run only in the `cluster` session."""
     env = openmpi_env() | (extra_env or {})
     paths = [*(paths or []), *(str(ROOT / "packages" / p / "tests") for p in packages)]
+    # importing kvps or mpiad initialises MPI in pytest's own process (a singleton), whose
+    # shared-memory segment Open MPI 5.0 leaves in /dev/shm: keep it in a folder removed afterwards
+    keys = ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_osc_sm_backing_directory")
+    backing = None
+    if not any(k in env for k in keys):
+        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        backing = tempfile.mkdtemp(prefix="distkit-nox-mpi-", dir=shm)
+        env |= dict.fromkeys(keys, backing)
     # run from an empty folder so nothing imports from the source tree by accident
     tmp = Path(session.create_tmp())
-    with session.chdir(tmp):
+    with session.chdir(tmp), contextlib.ExitStack() as cleanup:
+        if backing:
+            cleanup.callback(shutil.rmtree, backing, ignore_errors=True)
         session.run(
             "python",
             "-m",
@@ -201,23 +212,13 @@ def tests(session: nox.Session, package: str) -> None:
         install_base(session, extra=("tqdm>=4.60", "matplotlib>=3.7", *_all_test_requirements()))
         build_wheels(session, list(PACKAGES))
         install_wheels(session, [p for p in PACKAGES if p != "common"])
-        # collecting kvps' and mpiad's tests initialises MPI in pytest's own process (a singleton),
-        # whose shared-memory segment Open MPI 5.0 leaves behind: keep it in a folder removed afterwards
-        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-        backing = tempfile.mkdtemp(prefix="distkit-nox-mpi-", dir=shm)
-        try:
-            run_pytest(
-                session,
-                list(PACKAGES),
-                paths=[str(ROOT / "tools" / "tests")],
-                markers="cluster",
-                plugins=("distkit_common.pytest_cluster",),
-                extra_env=dict.fromkeys(
-                    ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_osc_sm_backing_directory"), backing
-                ),
-            )
-        finally:
-            shutil.rmtree(backing, ignore_errors=True)
+        run_pytest(
+            session,
+            list(PACKAGES),
+            paths=[str(ROOT / "tools" / "tests")],
+            markers="cluster",
+            plugins=("distkit_common.pytest_cluster",),
+        )
         return
     if package == "integration":
         install_base(session, extra=("tqdm>=4.60", "matplotlib>=3.7"))
