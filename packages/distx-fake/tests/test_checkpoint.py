@@ -20,7 +20,7 @@ from distkit_common.testing import run_spawn
 from distx_fake import checkpoint as cp
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE / "workers"))
+sys.path.insert(0, str(HERE / "scripts"))
 import ckpt_workers  # noqa: E402
 
 
@@ -159,7 +159,7 @@ def test_killed_writer_leaves_previous_checkpoint(tmp_path: Path) -> None:
     good = {f"t{i}": torch.full((1000,), float(i)) for i in range(3)}
     cp.save_state_dict(good, cp.FileSystemWriter(ck))
     with subprocess.Popen(
-        [sys.executable, str(HERE / "workers" / "kill_writer.py"), str(ck)],
+        [sys.executable, str(HERE / "scripts" / "kill_writer.py"), str(ck)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
