@@ -1,6 +1,7 @@
 #include "io_engine.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -435,6 +436,29 @@ class BufferPool {
 };
 
 }  // namespace
+
+double cached_fraction(int fd) {
+  struct stat st;
+  distkit::check_errno(::fstat(fd, &st), distkit::str("fstat of fd ", fd));
+  if (!S_ISREG(st.st_mode) || st.st_size <= 0) return 0.0;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  // map and query at most 1 GiB at a time: the residency vector stays small (256 KiB)
+  const size_t window = size_t(1) << 30;
+  const size_t size = static_cast<size_t>(st.st_size);
+  std::vector<unsigned char> vec(window / page);
+  size_t resident = 0;
+  for (size_t at = 0; at < size; at += window) {
+    const size_t len = std::min(window, size - at);
+    void* p = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(at));
+    if (p == MAP_FAILED) return 0.0;
+    const size_t pages = (len + page - 1) / page;
+    const int rc = ::mincore(p, len, vec.data());
+    ::munmap(p, len);
+    if (rc != 0) return 0.0;
+    for (size_t i = 0; i < pages; ++i) resident += vec[i] & 1;
+  }
+  return static_cast<double>(resident) / static_cast<double>((size + page - 1) / page);
+}
 
 std::vector<uint32_t> copy_pieces(const std::vector<int>& src_fds, const std::vector<bool>& src_direct,
                                   const std::vector<int>& dst_fds, const std::vector<SourcePiece>& pieces,

@@ -56,6 +56,10 @@ struct Run {
 std::vector<uint32_t> copy_pieces(const std::vector<int>& src_fds, const std::vector<bool>& src_direct,
                                   const std::vector<int>& dst_fds, const std::vector<SourcePiece>& pieces,
                                   std::vector<Run> runs, bool writeback);
+/// Fraction (0..1) of the pages of an open file that are in the page cache now (mincore of a
+/// read-only mapping); 0 for an empty or non-regular file or where it cannot be told. Throws
+/// OSError for a bad descriptor.
+double cached_fraction(int fd);
 /// fsync a file descriptor / a path (file or directory).
 void fsync_fd(int fd);
 void fsync_path(const std::string& path);
