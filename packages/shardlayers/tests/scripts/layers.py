@@ -126,6 +126,62 @@ def check_megatron(p: int, r: int) -> None:
             close(xl.grad.abs().sum(), shard(xl.grad, 0, p, r).abs().sum(), what="sp dx elsewhere zero")
 
 
+class _CountAllReduce:
+    """Counts torch.distributed.all_reduce calls while active."""
+
+    def __enter__(self) -> _CountAllReduce:
+        self.calls = 0
+        self._orig = torch.distributed.all_reduce
+
+        def counting(*args: object, **kwargs: object) -> object:
+            self.calls += 1
+            return self._orig(*args, **kwargs)
+
+        torch.distributed.all_reduce = counting
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.distributed.all_reduce = self._orig
+
+
+def check_shared_input_gradient(p: int, r: int) -> None:
+    """Column layers reading one tensor (q/k/v) share one input-gradient all-reduce; the
+    gradients equal the single-process ones, also when a reader's output is unused and after a
+    second backward through the retained graph; readers of different tensors do not share."""
+    d = torch.float64
+    torch.manual_seed(4)
+    refs = [nn.Linear(8, 12, dtype=d) for _ in range(3)]
+    torch.manual_seed(4)
+    cols = [ts.nn.ColumnParallelLinear(8, 12, gather_output=False, dtype=d) for _ in range(3)]
+    x = torch.randn(5, 8, dtype=d)
+    gys = [torch.randn(5, 12, dtype=d) for _ in range(3)]
+    for used in (3, 2):  # all readers feed the loss / the last one's output is unused
+        xr = x.clone().requires_grad_(True)
+        sum((ref(xr) * gy).sum() for ref, gy in zip(refs[:used], gys)).backward()
+        xl = x.clone().requires_grad_(True)
+        h = xl * 1.0  # a non-leaf input, as inside a model
+        outs = [c(h) for c in cols]
+        loss = sum((o * shard(gy, -1, p, r)).sum() for o, gy in zip(outs[:used], gys))
+        with _CountAllReduce() as count:
+            loss.backward(retain_graph=True)
+        assert count.calls == (1 if p > 1 else 0), f"{count.calls} input-gradient all-reduces for 3 readers"
+        close(xl.grad, xr.grad, what=f"shared dx ({used} used)")
+        for c, ref in zip(cols[:used], refs):
+            close(c.weight.grad, shard(ref.weight.grad, 0, p, r), what="shared dw")
+        loss.backward()  # the retained graph: the region is reusable
+        close(xl.grad, 2 * xr.grad, what="shared dx, second backward")
+        for m in (*cols, *refs):
+            m.zero_grad()
+    # readers of different tensors do not share
+    xr = x.clone().requires_grad_(True)
+    (refs[0](xr * 1.0).sum() + refs[1](xr * 2.0).sum()).backward()
+    xl = x.clone().requires_grad_(True)
+    with _CountAllReduce() as count:
+        (cols[0](xl * 1.0).sum() + cols[1](xl * 2.0).sum()).backward()
+    assert count.calls == (2 if p > 1 else 0), count.calls
+    close(xl.grad, xr.grad, what="dx of two regions")
+
+
 def check_embedding(p: int, r: int) -> None:
     d = torch.float64
     for dim, uneven, nv, nd in (
@@ -355,6 +411,7 @@ def body(rank: int, size: int, store: str) -> None:
     assert ts.distributed.get_world_size() == size
     check_linear(size, rank)
     check_megatron(size, rank)
+    check_shared_input_gradient(size, rank)
     check_embedding(size, rank)
     check_cross_entropy(size, rank)
     check_state_dict_and_convert(size, rank)
