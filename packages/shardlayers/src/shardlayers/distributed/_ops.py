@@ -237,7 +237,8 @@ def scatter(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     ``dim=1`` names the last dim) for a split along the last dim (a :class:`ts.ParallelTensor`);
     a split along a middle dim is untagged.
 
-    Sizes that do not divide are split unevenly (first ranks get one more).
+    Sizes that do not divide are split as ``torch.chunk`` splits them (``ceil(n/p)`` per rank, the
+    last ones smaller).
 
     Raises
     ------
