@@ -7,7 +7,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import shardlayers as ts
-from distkit_common.testing import init_process_group
 
 try:
     from scripts import torchshard_compat
@@ -404,18 +403,22 @@ def check_tags_and_errors(p: int, r: int) -> None:
     assert ts.distributed.get_group_size() == p and ts.distributed.get_rank() == r
 
 
-def body(rank: int, size: int, store: str) -> None:
-    init_process_group(rank, size, store)
-    torch.set_num_threads(1)
-    ts.distributed.init_process_group(size)
-    assert ts.distributed.get_world_size() == size
-    check_linear(size, rank)
-    check_megatron(size, rank)
-    check_shared_input_gradient(size, rank)
-    check_embedding(size, rank)
-    check_cross_entropy(size, rank)
-    check_state_dict_and_convert(size, rank)
-    check_tags_and_errors(size, rank)
-    torchshard_compat.checks(size, rank)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+def run(world: int) -> None:
+    """Every check at every tensor-parallel size dividing the world (1, 2, 4): at TP size p the
+    world holds world/p independent TP groups running the same checks (the TorchShard checks'
+    broadcasts from global rank 0 and world all-gathers included)."""
+    assert ts.distributed.get_world_size() == world
+    for p in (1, 2, 4):
+        if world % p:
+            continue
+        ts.distributed.init_process_group(p)
+        r = ts.distributed.get_rank()
+        check_linear(p, r)
+        check_megatron(p, r)
+        check_shared_input_gradient(p, r)
+        check_embedding(p, r)
+        check_cross_entropy(p, r)
+        check_state_dict_and_convert(p, r)
+        check_tags_and_errors(p, r)
+        torchshard_compat.checks(p, r)
+        torch.distributed.barrier()
