@@ -39,40 +39,58 @@ def timeit(fn: Callable[[], Any], reps: int) -> float:
 
 
 @dataclass
-class Paired:
-    """Medians of paired runs: wall seconds and this process's CPU seconds (all its threads:
-    compute, gloo's) of A and of B."""
+class Timing:
+    """One side of paired runs: wall seconds and this process's CPU seconds (all its threads:
+    compute and gloo's) per run."""
 
-    wall_a: float
-    wall_b: float
-    cpu_a: float
-    cpu_b: float
-    walls_a: list[float]
-    walls_b: list[float]
+    walls: list[float]
+    cpus: list[float]
 
     @property
-    def ratio(self) -> float:
-        return self.wall_a / self.wall_b
+    def wall(self) -> float:
+        return statistics.median(self.walls)
+
+    @property
+    def cpu(self) -> float:
+        return statistics.median(self.cpus)
+
+
+def interleave(fns: list[Callable[[], Any]], reps: int) -> list[Timing]:
+    """Time every function of ``fns`` in turn, ``reps`` rounds (a, b, a, b, ...), so that load
+    changes on a shared machine hit all alike; quote the medians."""
+    out = [Timing([], []) for _ in fns]
+    for _ in range(reps):
+        for fn, t in zip(fns, out):
+            c0 = time.process_time()
+            t.walls.append(timeit(fn, 1))
+            t.cpus.append(time.process_time() - c0)
+    return out
+
+
+@dataclass
+class Paired:
+    """Medians of paired runs of A and B (wall and CPU seconds)."""
+
+    a: Timing
+    b: Timing
+
+    @property
+    def wall_a(self) -> float:
+        return self.a.wall
+
+    @property
+    def wall_b(self) -> float:
+        return self.b.wall
 
     @property
     def cpu_ratio(self) -> float:
-        return self.cpu_a / self.cpu_b
+        return self.a.cpu / self.b.cpu
 
 
 def compare(fa: Callable[[], Any], fb: Callable[[], Any], reps: int) -> Paired:
-    """Time ``fa`` and ``fb`` paired (a, b, a, b, ...) so that load changes on a shared machine hit
-    both alike, and return the medians."""
-    wa: list[float] = []
-    wb: list[float] = []
-    ca: list[float] = []
-    cb: list[float] = []
-    for _ in range(reps):
-        for fn, wall, cpu in ((fa, wa, ca), (fb, wb, cb)):
-            c0 = time.process_time()
-            wall.append(timeit(fn, 1))
-            cpu.append(time.process_time() - c0)
-    med = statistics.median
-    return Paired(med(wa), med(wb), med(ca), med(cb), wa, wb)
+    """:func:`interleave` of two functions."""
+    a, b = interleave([fa, fb], reps)
+    return Paired(a, b)
 
 
 def _status(key: str) -> int:

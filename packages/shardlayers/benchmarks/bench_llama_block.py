@@ -4,16 +4,21 @@
 string plan vs ``torch.distributed.tensor.parallel.parallelize_module`` with the equivalent
 ``ColwiseParallel`` / ``RowwiseParallel`` plan, on the same model code and the same weights.
 
-Both sides are timed in the same run, alternating (ours, DTensor, ours, ...), and the ratio of
-the medians is reported. Peak memory is the allocator-tracked peak of live CPU tensor bytes
-during one step (``torch.profiler`` memory events: every allocation and free of the c10 CPU
-allocator, DTensor's internal tensors and autograd's saved tensors included), per rank, the
-larger rank reported. Override the shape with SHARDLAYERS_BENCH_{HIDDEN,LAYERS,SEQ,BATCH,REPS}.
+Both sides are timed in the same run, alternating (ours, DTensor, floor, ours, ...), and the
+ratio of the medians is reported, for wall time (the goal) and for each process's CPU time (less
+sensitive to other jobs on a shared machine). The floor is one rank's arithmetic alone: the same
+model with every planned linear replaced by one of its shard's size and no communication at all.
+Peak memory is the allocator-tracked peak of live CPU tensor bytes during one step
+(``torch.profiler`` memory events: every allocation and free of the c10 CPU allocator, DTensor's
+internal tensors and autograd's saved tensors included), the median of three paired steps per
+rank, the larger rank reported. Override the shape with
+SHARDLAYERS_BENCH_{HIDDEN,LAYERS,SEQ,BATCH,REPS}.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 
 import torch
@@ -21,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import bench_line, compare, finish, init, peak_tracked_bytes
+from _common import bench_line, finish, init, interleave, peak_tracked_bytes
 
 import shardlayers as ts
 
@@ -108,6 +113,22 @@ PLAN = {
 }
 
 
+def local_shards(model: Stack, size: int) -> Stack:
+    """``model`` with every planned linear replaced by one of its shard's size, unconnected: one
+    rank's arithmetic of the tensor-parallel step without any communication."""
+    for name, style in PLAN.items():
+        for layer in model.layers:
+            parent = layer.get_submodule(name.split(".", 2)[2].rpartition(".")[0])
+            child = name.rpartition(".")[2]
+            old = getattr(parent, child)
+            if style == "colwise":
+                new = nn.Linear(old.in_features, old.out_features // size, bias=False)
+            else:
+                new = nn.Linear(old.in_features // size, old.out_features, bias=False)
+            setattr(parent, child, new)
+    return model
+
+
 def dtensor_plan() -> dict[str, object]:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -120,7 +141,7 @@ def main() -> None:
     from torch.distributed.tensor.parallel import parallelize_module as dtensor_parallelize
 
     hidden, layers, seq = _env("HIDDEN", 1024), _env("LAYERS", 4), _env("SEQ", 512)
-    batch, reps = _env("BATCH", 1), _env("REPS", 7)
+    batch, reps = _env("BATCH", 1), _env("REPS", 9)
     heads = hidden // 64
     ffn = -(-(hidden * 8 // 3) // 128) * 128  # Llama's ~8/3 x hidden, rounded up to 128
     ts.distributed.init_process_group(size)
@@ -142,20 +163,29 @@ def main() -> None:
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-4), (a - b).abs().max()
     for m in (ours, theirs, ours, theirs):  # warm-up (DTensor's sharding-propagation caches too)
         step(m)
-    res = compare(lambda: step(ours), lambda: step(theirs), reps)
-    mem_ours = peak_tracked_bytes(lambda: step(ours))
-    mem_theirs = peak_tracked_bytes(lambda: step(theirs))
-    mems = torch.tensor([mem_ours, mem_theirs], dtype=torch.float64)
+    # the floor: the same local shards with no communication at all (one rank's share of the work)
+    local = local_shards(Stack(hidden, heads, ffn, layers, seq), size)
+    step(local)
+    t_ours, t_theirs, t_local = interleave([lambda: step(ours), lambda: step(theirs), lambda: step(local)], reps)
+    peaks: tuple[list[int], list[int]] = ([], [])
+    for _ in range(3):  # paired too: the tracked total drifts by a few MiB between profiling sessions
+        peaks[0].append(peak_tracked_bytes(lambda: step(ours)))
+        peaks[1].append(peak_tracked_bytes(lambda: step(theirs)))
+    mems = torch.tensor([statistics.median(p) for p in peaks], dtype=torch.float64)
     torch.distributed.all_reduce(mems, op=torch.distributed.ReduceOp.MAX)
-    mo, mt = res.wall_a, res.wall_b
-    # CPU seconds of each process per step: insensitive to other jobs' load (the larger rank's ratio)
-    cpu_ratio = torch.tensor([res.cpu_ratio], dtype=torch.float64)
-    torch.distributed.all_reduce(cpu_ratio, op=torch.distributed.ReduceOp.MAX)
+    mo, mt = t_ours.wall, t_theirs.wall
+    # CPU seconds of each process per step: insensitive to other jobs' load (the larger rank's);
+    # against the no-communication floor: what each side adds to the arithmetic itself
+    cpu = torch.tensor(
+        [t_ours.cpu / t_theirs.cpu, t_ours.cpu / t_local.cpu, t_theirs.cpu / t_local.cpu], dtype=torch.float64
+    )
+    torch.distributed.all_reduce(cpu, op=torch.distributed.ReduceOp.MAX)
+    cpu_ratio = float(cpu[0])
     if rank == 0:
         tag = f"hidden {hidden}, {layers} layers, seq {seq}, batch {batch}, ffn {ffn}, TP={size}"
         print(
-            f"# shardlayers {mo * 1e3:.0f} ms (runs {[round(t * 1e3) for t in res.walls_a]}), DTensor {mt * 1e3:.0f} ms "
-            f"(runs {[round(t * 1e3) for t in res.walls_b]}); CPU time ratio {float(cpu_ratio):.3f}; peak tracked {mems[0] / 2**20:.1f} MiB vs {mems[1] / 2**20:.1f} MiB"
+            f"# shardlayers {mo * 1e3:.0f} ms (runs {[round(t * 1e3) for t in t_ours.walls]}), DTensor {mt * 1e3:.0f} ms "
+            f"(runs {[round(t * 1e3) for t in t_theirs.walls]}); CPU time ratio {cpu_ratio:.3f}; CPU time vs no communication: shardlayers {float(cpu[1]):.3f}, DTensor {float(cpu[2]):.3f}; peak tracked {mems[0] / 2**20:.1f} MiB vs {mems[1] / 2**20:.1f} MiB"
         )
         print(
             bench_line(
@@ -166,7 +196,9 @@ def main() -> None:
                 ms=round(mo * 1e3, 1),
                 ms_anchor=round(mt * 1e3, 1),
                 reps=reps,
-                cpu_time_ratio=round(float(cpu_ratio), 3),
+                cpu_time_ratio=round(cpu_ratio, 3),
+                cpu_time_vs_no_comm=round(float(cpu[1]), 3),
+                cpu_time_vs_no_comm_anchor=round(float(cpu[2]), 3),
             )
         )
         print(

@@ -154,23 +154,28 @@ def check_shared_input_gradient(p: int, r: int) -> None:
     cols = [ts.nn.ColumnParallelLinear(8, 12, gather_output=False, dtype=d) for _ in range(3)]
     x = torch.randn(5, 8, dtype=d)
     gys = [torch.randn(5, 12, dtype=d) for _ in range(3)]
-    for used in (3, 2):  # all readers feed the loss / the last one's output is unused
+    for overlap, used in ((True, 3), (True, 2), (False, 3)):  # the last reader's output unused / no overlap
+        ts.nn.functional.OVERLAP_GRAD_ALLREDUCE = overlap
         xr = x.clone().requires_grad_(True)
         sum((ref(xr) * gy).sum() for ref, gy in zip(refs[:used], gys)).backward()
         xl = x.clone().requires_grad_(True)
         h = xl * 1.0  # a non-leaf input, as inside a model
         outs = [c(h) for c in cols]
         loss = sum((o * shard(gy, -1, p, r)).sum() for o, gy in zip(outs[:used], gys))
+        # a gradient of weights only first (the region's sum is not taken), then the full backward
+        (gw,) = torch.autograd.grad(loss, [cols[0].weight], retain_graph=True)
         with _CountAllReduce() as count:
             loss.backward(retain_graph=True)
         assert count.calls == (1 if p > 1 else 0), f"{count.calls} input-gradient all-reduces for 3 readers"
-        close(xl.grad, xr.grad, what=f"shared dx ({used} used)")
+        close(xl.grad, xr.grad, what=f"shared dx ({used} used, overlap={overlap})")
+        close(gw, cols[0].weight.grad, what="weight-only gradient")
         for c, ref in zip(cols[:used], refs):
             close(c.weight.grad, shard(ref.weight.grad, 0, p, r), what="shared dw")
         loss.backward()  # the retained graph: the region is reusable
         close(xl.grad, 2 * xr.grad, what="shared dx, second backward")
         for m in (*cols, *refs):
             m.zero_grad()
+    ts.nn.functional.OVERLAP_GRAD_ALLREDUCE = True
     # readers of different tensors do not share
     xr = x.clone().requires_grad_(True)
     (refs[0](xr * 1.0).sum() + refs[1](xr * 2.0).sum()).backward()

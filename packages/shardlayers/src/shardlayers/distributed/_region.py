@@ -26,10 +26,16 @@ from torch.utils.weak import WeakIdKeyDictionary
 _ENTRIES: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
+def _graph_task() -> int:
+    """Id of the running backward pass (what ``torch.utils.checkpoint`` keys its state by): a
+    retained graph can be differentiated again, partly (``autograd.grad`` of some weights only)."""
+    return int(torch._C._current_graph_task_id())
+
+
 class Region:
     """The shared input-gradient all-reduce of the column-parallel layers reading one tensor."""
 
-    __slots__ = ("arrived", "buffer", "group", "handle", "overlap", "readers")
+    __slots__ = ("arrived", "buffer", "group", "handle", "overlap", "readers", "reduced", "task")
 
     def __init__(self, group: Any, overlap: bool) -> None:
         self.group = group
@@ -38,25 +44,39 @@ class Region:
         self.arrived = 0  # their input gradients added so far (backward)
         self.buffer: torch.Tensor | None = None
         self.handle: Any = None
+        self.reduced = False  # the all-reduce of the sum was started
+        self.task = -1  # the backward pass (autograd graph task) the buffer belongs to
 
     def add(self, grad: torch.Tensor) -> None:
         """Add one reader's input gradient (a fresh tensor the region may keep and modify); the
         last reader's starts the all-reduce of the sum."""
+        task = _graph_task()
+        if self.task != task:  # left over from a pass that did not reach the input (autograd.grad of weights)
+            self._reset()
+            self.task = task
         self.buffer = grad if self.buffer is None else self.buffer.add_(grad)
         self.arrived += 1
         if self.arrived == self.readers:
+            # async: a work handle; sync (overlap off): done now, None
             self.handle = dist.all_reduce(self.buffer, group=self.group, async_op=self.overlap)
+            self.reduced = True
 
     def take(self) -> torch.Tensor | None:
         """The reduced sum (waiting for the all-reduce), and a reset for another backward."""
+        if self.task != _graph_task():  # no reader of this pass added anything
+            self._reset()
+            return None
         out, handle = self.buffer, self.handle
         if out is not None:
-            if handle is None:  # a reader never ran its backward (its output was unused)
+            if not self.reduced:  # a reader never ran its backward (its output was unused)
                 dist.all_reduce(out, group=self.group)
-            elif self.overlap:
+            elif handle is not None:
                 handle.wait()
-        self.buffer, self.handle, self.arrived = None, None, 0
+        self._reset()
         return out
+
+    def _reset(self) -> None:
+        self.buffer, self.handle, self.arrived, self.reduced, self.task = None, None, 0, False, -1
 
 
 class _Enter(torch.autograd.Function):
