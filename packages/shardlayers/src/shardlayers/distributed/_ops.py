@@ -92,8 +92,8 @@ def reduce_scatter(x: torch.Tensor, dim: int, group: Any, sizes: list[int] | Non
         out = x.new_empty((sizes[0], *x.shape[1:]))
         dist.reduce_scatter_tensor(out, x.contiguous(), group=group)
         return out
-    # gloo's reduce_scatter moves less data but is slower than its ring all-reduce (README,
-    # benchmarks), and uneven or non-leading splits would need copies anyway
+    # gloo (and uneven or non-leading splits): all-reduce + split works for any dim and sizes;
+    # reduce_scatter_tensor cuts dim 0 evenly only, so a sequence dim 1 would need copies
     y = x.contiguous().clone()
     dist.all_reduce(y, group=group)
     return split(y, dim, group, sizes)
