@@ -36,6 +36,8 @@ def test_tp_inside_and_across_hosts_match_one_process(tmp_path: Path) -> None:
     assert len(inside) == 8, res.stdout  # every rank reports each layout once
     for _, host, tp_a, tp_b, dp_a, dp_b in inside:
         assert (tp_a == tp_b) != (dp_a == dp_b) and host in (tp_a, tp_b)
+    # each rank's TP group was inside its host in the first layout and across hosts in the second
+    assert sorted(tp_a == tp_b for _, _, tp_a, tp_b, _, _ in inside) == [False] * 4 + [True] * 4
 
 
 def _lose_host_while_saving(tmp_path: Path, kind: str, launcher: str) -> ClusterResult:
