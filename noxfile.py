@@ -287,10 +287,29 @@ def matrix(session: nox.Session, torch: str) -> None:
 
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
-    """ruff (lint + format check) and mypy on every package's sources."""
-    session.install("ruff>=0.6", "mypy>=1.10", "numpy>=1.24", f"torch=={TORCH_DEFAULT}", "mpi4py>=4.0", "nox")
+    """ruff (lint + format check), mypy on every package's sources, and a dead-code check (vulture).
+
+    vulture reads the sources with the tests, benchmarks and tools that use them; names that only a
+    framework calls (pytest, DCP, PyG hooks) or that keep an original's signature are listed, each
+    with its reason, in ci/vulture_allowlist.py.
+    """
+    session.install(
+        "ruff>=0.6", "mypy>=1.10", "vulture==2.16", "numpy>=1.24", f"torch=={TORCH_DEFAULT}", "mpi4py>=4.0", "nox"
+    )
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run(
+        "vulture",
+        *(str(ROOT / "packages" / p / d) for p in PACKAGES for d in ("src", "tests", "benchmarks")),
+        *(str(p) for p in sorted((ROOT / "packages").glob("*/example*.py"))),
+        str(ROOT / "tools"),
+        str(ROOT / "noxfile.py"),
+        str(ROOT / "ci" / "vulture_allowlist.py"),
+        "--min-confidence",
+        "60",
+        "--ignore-decorators",
+        "@nox.session,@nox.parametrize",
+    )
     srcs = [str(ROOT / "packages" / p / "src") for p in PACKAGES]
     session.run(
         "mypy",
