@@ -162,21 +162,6 @@ class _ReduceScatter(torch.autograd.Function):
         return all_gather(g, ctx.dim, ctx.group, ctx.sizes), None, None, None
 
 
-class _GatherReduceScatter(torch.autograd.Function):
-    """All-gather forward, reduce-scatter backward (sequence-parallel entry)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, dim: int, group: Any, sizes: list[int] | None) -> torch.Tensor:
-        if sizes is None:
-            sizes = exchange_sizes(x.shape[dim], group)
-        ctx.dim, ctx.group, ctx.sizes = dim, group, sizes
-        return all_gather(x, dim, group, sizes)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
-        return reduce_scatter(g, ctx.dim, ctx.group, ctx.sizes), None, None, None
-
-
 #: a dim out of range is an IndexError, as in torch
 _CHECKS = Checks(value_error=IndexError)
 
