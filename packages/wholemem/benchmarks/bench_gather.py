@@ -7,10 +7,18 @@
   (bucket by owner, exchange indices, index_select, exchange rows back); goal >= 1.
 - PSS of two ranks sharing a HOST table vs the table size (private copies would cost 2x).
   The table is 1 GiB instead of 2 GB to keep memory use modest on this shared machine.
+
+Across hosts (issue #14): ``--across-hosts`` is the NCCL-type gather vs the
+``all_to_all`` gather on every rank of a job spread over several hosts (any launcher
+that sets ``MASTER_ADDR`` / ``MASTER_PORT``: mpiexec, srun, torchrun; the wholemem
+communicator is ``get_global_communicator()``); ``--cluster`` runs that on the
+simulated cluster (2 hosts x 2 ranks, root, ci/cluster/README.md) and prints its
+``BENCH`` line; ``--quick`` makes it small (the cluster test).
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -19,7 +27,6 @@ import time
 
 import torch
 import torch.distributed as dist
-from mpi4py import MPI
 
 import wholemem as wg
 
@@ -74,7 +81,87 @@ def a2a_gather(local: torch.Tensor, idx: torch.Tensor, rpr: int, size: int) -> t
     return out
 
 
+def across_hosts(quick: bool) -> None:
+    """NCCL-type gather vs the all_to_all gather on every rank of a multi-host job."""
+    from distkit_common import launch
+
+    rows, nidx, reps = (100_000, 20_000, 3) if quick else (ROWS, NIDX // 2, REPS)
+    info = launch.launch_info()
+    rank, size = info.rank, info.world_size
+    timeout = datetime.timedelta(seconds=float(os.environ.get("DISTKIT_COLLECTIVE_TIMEOUT_S", "300")))
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=size, timeout=timeout)
+    wg.init_lib()
+    comm = wg.get_global_communicator()
+    nt = wg.create_wm_tensor(comm, [rows, COLS], [], torch.float32, wg.WmTensorType.NCCL)
+    local, _ = wg.get_local_tensor(nt)
+    local.fill_(1.0 + rank)
+    rpr = wg.get_partition_plan(nt)[2]
+    idx = torch.randint(0, rows, (nidx,), generator=torch.Generator().manual_seed(rank))
+    out = torch.empty(nidx, COLS)
+    check = wg.gather(nt, idx)
+    assert torch.equal(check[:, 0], (torch.div(idx, rpr, rounding_mode="floor") + 1).float())
+    assert torch.equal(a2a_gather(local, idx, rpr, size), check)
+    funcs = (lambda: a2a_gather(local, idx, rpr, size), lambda: wg.gather(nt, idx, out=out))
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(reps):
+        for k, f in enumerate(funcs):
+            dist.barrier()
+            t0 = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t0)
+    # the slower rank's median (every rank gathers at once)
+    med = torch.tensor([statistics.median(times[0]), statistics.median(times[1])], dtype=torch.float64)
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    t_a2a, t_nccl = med.tolist()
+    gbytes = nidx * COLS * 4 / 1e9
+    ratio = t_a2a / t_nccl
+    emit(
+        rank,
+        f"gather across {comm.num_nodes} hosts x {comm.local_size} ranks: NCCL type / torch.distributed all_to_all gather",
+        ratio,
+        ">= 1",
+        ratio >= 1.0,
+        hosts=comm.num_nodes,
+        ranks=size,
+        rows=rows,
+        gathered_rows_per_rank=nidx,
+        row_bytes=COLS * 4,
+        gbps_wholemem=round(gbytes / t_nccl, 3),
+        gbps_torch=round(gbytes / t_a2a, 3),
+    )
+    wg.finalize_lib()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def on_cluster(quick: bool) -> None:
+    """Run ``--across-hosts`` on the simulated cluster (2 hosts x 2 ranks) and print its result."""
+    from distkit_common.testing import run_cluster
+
+    args = ["--across-hosts", *(["--quick"] if quick else [])]
+    res = run_cluster(2, 2, os.path.abspath(__file__), 600, args=args)
+    for line in res.stdout.splitlines():
+        if line.startswith("BENCH "):
+            print(line, flush=True)
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--across-hosts", action="store_true", help="one rank of a multi-host job (see above)")
+    parser.add_argument("--cluster", action="store_true", help="run --across-hosts on the simulated cluster")
+    parser.add_argument("--quick", action="store_true", help="a small table, few repetitions")
+    opts = parser.parse_args()
+    if opts.cluster:
+        on_cluster(opts.quick)
+    elif opts.across_hosts:
+        across_hosts(opts.quick)
+    else:
+        one_host()
+
+
+def one_host() -> None:
+    from mpi4py import MPI
+
     mpi = MPI.COMM_WORLD
     rank, size = mpi.Get_rank(), mpi.Get_size()
     wg.init_lib()

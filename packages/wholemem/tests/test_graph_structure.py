@@ -79,6 +79,7 @@ def test_from_edge_list_matches_reference(flags: dict[str, bool]) -> None:
     )
     rp, col, attrs = reference_csr(src.tolist(), dst.tolist(), n, w.tolist(), **flags)
     assert g.csr_row_ptr.tolist() == rp and g.csr_col_ind.tolist() == col
+    assert g.row_ptr is g.csr_row_ptr and g.col_idx is g.csr_col_ind  # the names
     assert g.edge_weight.tolist() == attrs
     exp_feat = torch.tensor(attrs, dtype=torch.float64)
     if flags.get("add_loops"):

@@ -29,6 +29,13 @@ from ._embedding import SGD, Adagrad, Embedding, LazyAdam, RMSProp
 from ._graph import GraphStructure
 from ._graph_ops import unweighted_sample_without_replacement, weighted_sample_without_replacement
 from ._graph_sample import append_unique
+from ._groups import (
+    create_group_communicator,
+    get_global_communicator,
+    get_local_device_communicator,
+    get_local_node_communicator,
+    split_communicator,
+)
 from ._io import create_wm_tensor_from_file, load_from_files, stat_filelist_element_count, store_to_files
 from ._lib import finalize_lib, init_lib
 from ._ops import gather, get_local_tensor, get_partition_plan, get_sub_tensor, get_tensor_view, scatter
@@ -57,11 +64,15 @@ __all__ = [
     "communicator_from_mpi4py",
     "communicator_from_process_group",
     "create_communicator",
+    "create_group_communicator",
     "create_wm_tensor",
     "create_wm_tensor_from_file",
     "destroy_communicator",
     "finalize_lib",
     "gather",
+    "get_global_communicator",
+    "get_local_device_communicator",
+    "get_local_node_communicator",
     "get_local_tensor",
     "get_partition_plan",
     "get_rank",
@@ -76,6 +87,7 @@ __all__ = [
     "init_lib",
     "load_from_files",
     "scatter",
+    "split_communicator",
     "stat_filelist_element_count",
     "store_to_files",
     "unweighted_sample_without_replacement",

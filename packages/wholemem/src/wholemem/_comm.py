@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
-import socket
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -15,10 +13,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from distkit_common.collective import allgather_json
+from distkit_common.collective import agree, allgather_json
 from distkit_common.validate import check_int, check_rank
 
-from . import _devmem, _gpu, _lib
+from . import _devmem, _gpu, _lib, _peers
+from ._node import NodeInfo, advertised_host, local_node
 from ._wholemem import random_token
 
 #: process-group backends a communicator can use for GPU-resident NCCL tensors
@@ -42,18 +41,6 @@ class UniqueId:
         return f"UniqueId(host={self.host!r}, port={self.port}, token=<{len(self.token) * 4} bits>)"
 
 
-def _advertised_host() -> str:
-    for var in ("WHOLEMEM_HOST", "MASTER_ADDR"):
-        if os.environ.get(var):
-            return os.environ[var]
-    name = socket.gethostname()
-    try:
-        socket.getaddrinfo(name, None)
-        return name
-    except OSError:
-        return "127.0.0.1"
-
-
 def get_unique_id(timeout: datetime.timedelta = _DEFAULT_TIMEOUT) -> UniqueId:
     """Start a rendezvous store in this process and return its id (call on one rank).
 
@@ -65,32 +52,52 @@ def get_unique_id(timeout: datetime.timedelta = _DEFAULT_TIMEOUT) -> UniqueId:
     Returns
     -------
     UniqueId
-        Pass it to :func:`create_communicator` on every rank.
+        Pass it to :func:`create_communicator` on every rank. Its host is this
+        machine's address that the other ranks can reach (``$WHOLEMEM_HOST`` overrides;
+        see the README's "Running on a cluster").
 
     Raises
     ------
+    TypeError
+        ``timeout`` is not a ``datetime.timedelta``.
+    ValueError
+        ``timeout`` is not positive.
     RuntimeError
         If the library is not initialised.
     """
     _lib.require_init("get_unique_id")
+    check_timeout(timeout)
     server = dist.TCPStore("0.0.0.0", 0, None, True, timeout=timeout, wait_for_workers=False)
-    uid = UniqueId(_advertised_host(), int(server.port), random_token(16))
+    uid = UniqueId(advertised_host(), int(server.port), random_token(16))
     _lib.servers[uid.token] = server
     return uid
 
 
-def _node_key() -> str:
-    # Testing hook: WHOLEMEM_NODE_ID makes ranks of one machine look like separate nodes
-    # (shared-memory types must then refuse the communicator).
-    override = os.environ.get("WHOLEMEM_NODE_ID")
-    if override:
-        return f"override/{override}"
+def check_timeout(timeout: Any) -> None:
+    """Raise unless ``timeout`` is a positive ``datetime.timedelta``.
+
+    Raises
+    ------
+    TypeError
+        Not a timedelta.
+    ValueError
+        Zero or negative.
+    """
+    if not isinstance(timeout, datetime.timedelta):
+        raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+    if timeout.total_seconds() <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+
+
+def _pg_timeout(pg: Any) -> datetime.timedelta:
+    """The collective timeout of a process group (wholemem's default when torch does not say)."""
     try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
+        t = pg._get_backend(torch.device("cpu")).options._timeout
+        if isinstance(t, datetime.timedelta):
+            return t
+    except (AttributeError, RuntimeError):
+        pass
+    return _DEFAULT_TIMEOUT
 
 
 class Communicator:
@@ -103,9 +110,14 @@ class Communicator:
     local_rank, local_size : int
         Rank among, and number of, the ranks on this node (shared memory peers).
     node_ranks : list of int
-        Global ranks on this node, ascending.
+        Ranks of this communicator on this node, ascending.
     num_nodes : int
         Number of distinct nodes in the group.
+    hosts : list of str
+        The host name of every rank, in rank order.
+
+    Two ranks are on one node when they have the same host name, boot id and
+    ``/dev/shm`` (see :func:`get_local_node_communicator` for the ranks of this node).
     """
 
     def __init__(
@@ -114,12 +126,13 @@ class Communicator:
         *,
         store: Any = None,
         token: str | None = None,
-        timeout: datetime.timedelta = _DEFAULT_TIMEOUT,
+        timeout: datetime.timedelta | None = None,
         device_backend: str = "nccl",
         device_group: Any = None,
+        server_key: str | None = None,
     ) -> None:
         self._pg = pg
-        self._timeout = timeout
+        self._timeout: datetime.timedelta = timeout if timeout is not None else _pg_timeout(pg)
         self._token = token
         self._store = store
         self._destroyed = False
@@ -129,20 +142,147 @@ class Communicator:
         #: group for GPU-resident NCCL tensors: given, made on first use, or the gloo group itself
         self._dev_pg: Any = device_group
         self._gpu_chunks: weakref.WeakSet[Any] = weakref.WeakSet()  # closed by destroy / finalize_lib
+        #: key of the rendezvous server (in ``_lib.servers``) this communicator's store lives on
+        self._server_key: str | None = server_key if server_key is not None else token
+        #: a store for split_communicator when the communicator wraps a process group (made on first use)
+        self._split_store: Any = None
+        #: the communicator of this node's ranks (made by get_local_node_communicator)
+        self._node_comm: Communicator | None = None
         self.rank: int = int(pg.rank())
         self.size: int = int(pg.size())
-        keys: list[str] = allgather_json(_node_key(), self)
+        # the first collective: every rank learns where every other one runs
+        self._nodes: list[NodeInfo] = [NodeInfo.from_json(x) for x in allgather_json(local_node().to_json(), self)]
+        keys = [n.key for n in self._nodes]
         self.node_ranks: list[int] = [r for r, k in enumerate(keys) if k == keys[self.rank]]
         self.local_rank: int = self.node_ranks.index(self.rank)
         self.local_size: int = len(self.node_ranks)
         self.num_nodes: int = len(set(keys))
+        self.hosts: list[str] = [n.label for n in self._nodes]
         _lib.communicators.add(self)
 
     def __repr__(self) -> str:
         state = "destroyed" if self._destroyed else "live"
-        return f"Communicator(rank={self.rank}, size={self.size}, local_size={self.local_size}, {state})"
+        return (
+            f"Communicator(rank={self.rank}, size={self.size}, local_size={self.local_size}, "
+            f"num_nodes={self.num_nodes}, {state})"
+        )
+
+    def node_groups(self) -> list[list[int]]:
+        """The ranks of every node, nodes ordered by their lowest rank."""
+        groups: dict[str, list[int]] = {}
+        for r, n in enumerate(self._nodes):
+            groups.setdefault(n.key, []).append(r)
+        return list(groups.values())
+
+    def describe_nodes(self) -> str:
+        """``"dkh1 (ranks 0, 1), dkh2 (ranks 2, 3)"``: where the ranks run, for error messages."""
+        return _peers.hosts_of(self._nodes)
+
+    # -- communicators made from this one -----------------------------------------
+    def split(self, color: int, key: int = 0) -> Communicator | None:
+        """Collective: the communicator of the ranks that pass the same ``color``
+        (pylibwholegraph's ``split_communicator``; see :func:`wholemem.split_communicator`).
+
+        Every rank of this communicator must call it. Ranks are ordered by ``key``, ties
+        by their rank here; a negative ``color`` takes part and gets ``None``.
+
+        Raises
+        ------
+        TypeError
+            ``color`` or ``key`` is not an int (on every rank).
+        RuntimeError
+            The communicator was destroyed, or a peer failed.
+        """
+        self.check_alive("split_communicator")
+        err: BaseException | None = None
+        for name, v in (("color", color), ("key", key)):
+            if err is None and (isinstance(v, bool) or not isinstance(v, int)):
+                err = TypeError(f"{name} must be an int, got {type(v).__name__}")
+        agree(self, "split_communicator", err)  # a bad argument on one rank raises on every rank
+        store, server_key = self._rendezvous_store()
+        everyone = allgather_json([int(color), int(key), random_token(16)], self)
+        if color < 0:
+            return None
+        members = sorted((r for r, e in enumerate(everyone) if e[0] == color), key=lambda r: (everyone[r][1], r))
+        token = str(everyone[members[0]][2])  # the group's first rank names it: unique, and the same for all
+        prefixed = dist.PrefixStore(f"wholemem/{token}", store)
+        pg = dist.ProcessGroupGloo(prefixed, members.index(self.rank), len(members), self._timeout)
+        return Communicator(
+            pg,
+            store=store,
+            token=token,
+            timeout=self._timeout,
+            device_backend=self._children_device_backend(),
+            server_key=server_key,
+        )
+
+    def node_communicator(self) -> Communicator:
+        """Collective on first use: the communicator of this communicator's ranks on this
+        node (this communicator itself when it has one node); the same object afterwards.
+
+        Raises
+        ------
+        RuntimeError
+            The communicator was destroyed, or a peer failed.
+        """
+        self.check_alive("get_local_node_communicator")
+        if self.num_nodes == 1:
+            return self
+        if self._node_comm is None or self._node_comm._destroyed:
+            color = next(i for i, ranks in enumerate(self.node_groups()) if self.rank in ranks)
+            child = self.split(color, self.rank)
+            assert child is not None
+            self._node_comm = child
+        return self._node_comm
+
+    def _rendezvous_store(self) -> tuple[Any, str | None]:
+        """Collective on first use: the store that groups split from this one meet in,
+        and the key of its server. A communicator made from a unique id has one; one
+        wrapping a process group gets a store started on its rank 0. The server stays
+        up until ``finalize_lib`` (children may outlive this communicator)."""
+        if self._store is not None:
+            if self._server_key is not None:
+                _lib.pinned_servers.add(self._server_key)
+            return self._store, self._server_key
+        if self._split_store is None:
+            timeout = self._timeout
+            uid = get_unique_id(timeout) if self.rank == 0 else None
+            where = allgather_json(dataclasses.asdict(uid) if uid is not None else None, self)[0]
+            assert isinstance(where, dict)
+            token = str(where["token"])
+            server = _lib.servers.get(token)
+            if server is None:
+                server = dist.TCPStore(str(where["host"]), int(where["port"]), None, False, timeout=timeout)
+            store = server
+            _lib.pinned_servers.add(token)
+            self._split_store = (store, token)
+        store, token = self._split_store
+        return store, token
+
+    def _children_device_backend(self) -> str:
+        """How communicators split from this one move GPU tensors: over gloo when this one
+        does (ranks sharing a GPU), else NCCL."""
+        if self._device_backend == "gloo":
+            return "gloo"
+        if self._dev_pg is not None and "nccl" not in str(dist.get_backend(self._dev_pg)):
+            return "gloo"
+        return "nccl"
+
+    def _wait(self, what: str, start: Any) -> None:
+        """Run a process-group call (``start()`` returns its work) and wait for it; a
+        failure becomes a ``RuntimeError`` that names the peer host it lost, if any."""
+        try:
+            start().wait()
+        except RuntimeError as e:  # gloo / NCCL errors (DistBackendError, ...) are RuntimeErrors
+            timeout = self._timeout.total_seconds()
+            raise RuntimeError(_peers.describe_failure(what, self.rank, self._nodes, timeout, e)) from e
 
     # -- lifecycle -----------------------------------------------------------------
+    @property
+    def destroyed(self) -> bool:
+        """True after :meth:`destroy` or :func:`finalize_lib`."""
+        return self._destroyed
+
     def check_alive(self, what: str = "operation") -> None:
         """Raise ``RuntimeError`` if this communicator (or the library) is gone.
 
@@ -172,6 +312,8 @@ class Communicator:
         self._pg = None
         self._dev_pg = None
         self._store = None
+        self._split_store = None
+        self._node_comm = None
 
     def register_gpu_chunks(self, chunks: Any) -> None:
         """Close ``chunks`` (a GPU CHUNKED / DEVICE allocation) at :meth:`destroy` if it is still alive."""
@@ -193,7 +335,7 @@ class Communicator:
         _gpu.synchronize_used()
         # an allreduce doubles as a barrier and works on every backend
         t = torch.zeros(1)
-        self._pg.allreduce([t]).wait()
+        self._wait("barrier", lambda: self._pg.allreduce([t]))
         _devmem.collect_limbo()  # chunks every rank has released can go now
 
     def destroy(self) -> None:
@@ -221,8 +363,8 @@ class Communicator:
             self._dev_pg.shutdown()
         self.close_locally()
         _lib.communicators.discard(self)
-        if self._token is not None:
-            _lib.servers.pop(self._token, None)  # every rank is connected: the store is no longer needed
+        if self._server_key is not None and self._server_key not in _lib.pinned_servers:
+            _lib.servers.pop(self._server_key, None)  # every rank is connected: the store is no longer needed
         if errors:
             raise RuntimeError(f"wholemem Communicator.destroy: unmapping GPU chunks failed: {errors[0]}")
 
@@ -278,26 +420,28 @@ class Communicator:
         buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
         n = torch.tensor([buf.numel()], dtype=torch.int64)
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
-        self._pg.allgather([sizes], [n]).wait()
+        self._wait("allgather", lambda: self._pg.allgather([sizes], [n]))
         width = max(max(int(s) for s in sizes), 1)
         padded = torch.zeros(width, dtype=torch.uint8)
         padded[: buf.numel()] = buf
         outs = [torch.empty(width, dtype=torch.uint8) for _ in range(self.size)]
-        self._pg.allgather([outs], [padded]).wait()
+        self._wait("allgather", lambda: self._pg.allgather([outs], [padded]))
         return [o[: int(s)].numpy().tobytes() for o, s in zip(outs, sizes)]
 
     def all_to_all(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
         """Exchange rows of ``send`` (grouped by destination) and return the received rows."""
         self.check_alive("all_to_all")
         recv = torch.empty((sum(recv_counts), *send.shape[1:]), dtype=send.dtype, device=send.device)
-        self._group_for(send).alltoall_base(recv, send.contiguous(), recv_counts, send_counts).wait()
+        group, data = self._group_for(send), send.contiguous()
+        self._wait("all_to_all", lambda: group.alltoall_base(recv, data, recv_counts, send_counts))
         return recv
 
     def exchange_counts(self, send_counts: torch.Tensor) -> torch.Tensor:
         """counts[r] sent to rank r -> counts received from every rank."""
         self.check_alive("all_to_all")
         recv = torch.empty_like(send_counts)
-        self._group_for(send_counts).alltoall_base(recv, send_counts.contiguous(), [], []).wait()
+        group, data = self._group_for(send_counts), send_counts.contiguous()
+        self._wait("all_to_all", lambda: group.alltoall_base(recv, data, [], []))
         return recv
 
 
@@ -337,9 +481,11 @@ def create_communicator(
     Raises
     ------
     TypeError
-        ``unique_id`` is not a :class:`UniqueId`, or size / rank are not ints.
+        ``unique_id`` is not a :class:`UniqueId`, size / rank are not ints, or ``timeout``
+        is not a ``datetime.timedelta``.
     ValueError
-        ``size < 1``, ``rank`` outside ``[0, size)``, or an unknown ``device_backend``.
+        ``size < 1``, ``rank`` outside ``[0, size)``, an unknown ``device_backend``, or a
+        timeout that is not positive.
     RuntimeError
         Library not initialised, or the rendezvous failed / timed out.
     """
@@ -350,6 +496,7 @@ def create_communicator(
         raise TypeError(f"unique_id must be a wholemem.UniqueId (from get_unique_id()), got {type(unique_id).__name__}")
     if device_backend not in DEVICE_BACKENDS:
         raise ValueError(f"device_backend must be one of {DEVICE_BACKENDS}, got {device_backend!r}")
+    check_timeout(timeout)
     server = _lib.servers.get(unique_id.token)
     if server is not None:
         store = server
@@ -401,7 +548,7 @@ def communicator_from_process_group(pg: Any = None, *, device_group: Any = None)
     return Communicator(pg, device_group=device_group)
 
 
-def communicator_from_mpi4py(comm: Any) -> Communicator:
+def communicator_from_mpi4py(comm: Any, *, timeout: datetime.timedelta = _DEFAULT_TIMEOUT) -> Communicator:
     """Collective: a communicator with the ranks of an mpi4py communicator.
 
     Rank 0 of ``comm`` creates the unique id and broadcasts it over MPI.
@@ -410,6 +557,8 @@ def communicator_from_mpi4py(comm: Any) -> Communicator:
     ----------
     comm : mpi4py.MPI.Comm
         An intra-communicator (e.g. ``MPI.COMM_WORLD``).
+    timeout : datetime.timedelta
+        Collective timeout of the group (as :func:`create_communicator`).
 
     Returns
     -------
@@ -418,13 +567,18 @@ def communicator_from_mpi4py(comm: Any) -> Communicator:
     Raises
     ------
     TypeError
-        ``comm`` is not an mpi4py communicator.
+        ``comm`` is not an mpi4py communicator, or ``timeout`` not a ``datetime.timedelta``.
+    ValueError
+        ``timeout`` is not positive.
+    RuntimeError
+        The library is not initialised, or the rendezvous failed / timed out.
     """
     _lib.require_init("communicator_from_mpi4py")
+    check_timeout(timeout)
     if not all(hasattr(comm, a) for a in ("Get_rank", "Get_size", "Bcast")):
         raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
     rank, size = comm.Get_rank(), comm.Get_size()
-    uid = get_unique_id() if rank == 0 else None
+    uid = get_unique_id(timeout) if rank == 0 else None
     # the id travels as JSON in a byte buffer (nothing received is unpickled)
     data = json.dumps(dataclasses.asdict(uid) if uid is not None else None).encode()
     n = np.array([len(data)], dtype=np.int64)
@@ -432,4 +586,5 @@ def communicator_from_mpi4py(comm: Any) -> Communicator:
     buf = np.frombuffer(data, dtype=np.uint8).copy() if rank == 0 else np.empty(int(n[0]), dtype=np.uint8)
     comm.Bcast(buf, root=0)
     fields = json.loads(buf.tobytes())
-    return create_communicator(size, UniqueId(str(fields["host"]), int(fields["port"]), str(fields["token"])), rank)
+    uid = UniqueId(str(fields["host"]), int(fields["port"]), str(fields["token"]))
+    return create_communicator(size, uid, rank, timeout=timeout)

@@ -48,8 +48,9 @@ def _check_local(
     if tensor_type in (WmTensorType.HOST, WmTensorType.CHUNKED, WmTensorType.DEVICE) and comm.num_nodes > 1:
         raise ValueError(
             f"WmTensorType.{tensor_type.name} shares memory within one node, but the communicator spans "
-            f"{comm.num_nodes} nodes; use WmTensorType.NCCL (= DISTRIBUTED), which partitions the rows over "
-            "the ranks of every node"
+            f"{comm.num_nodes} nodes: {comm.describe_nodes()}. Make it on the communicator of this node's ranks, "
+            "wholemem.get_local_node_communicator(comm) (one tensor per node), or use WmTensorType.NCCL "
+            "(= DISTRIBUTED), which partitions the rows over the ranks of every node"
         )
     dev = _device_of(tensor_type, device, comm)
     if dev is not None and tensor_type is WmTensorType.NCCL:

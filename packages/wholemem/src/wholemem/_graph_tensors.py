@@ -24,9 +24,6 @@ from ._io import create_wm_tensor_from_file, load_from_files, stat_filelist_elem
 from ._ops import gather, get_local_tensor, get_tensor_view, scatter
 from ._tensor import ChunkedTensor, NCCLTensor, WmTensorType
 
-#: what a graph array may be
-GraphArray = Any
-
 
 def is_wholemem(t: Any) -> bool:
     """Whether ``t`` was made by wholemem (any tensor type)."""
@@ -79,11 +76,6 @@ def read_rows(t: Any, idx: torch.Tensor) -> torch.Tensor:
     if isinstance(t, torch.Tensor):
         return t.index_select(0, idx.to(t.device))
     return gather(t, idx)
-
-
-def is_host_type(t: Any) -> bool:
-    """A HOST wholemem tensor (one segment shared by the ranks of a node)."""
-    return is_wholemem(t) and get_wm_tensor_type(t) is WmTensorType.HOST
 
 
 def create_array(comm: Communicator | None, shape: list[int], dtype: torch.dtype, tensor_type: WmTensorType) -> Any:

@@ -9,6 +9,11 @@ state: dict[str, Any] = {"initialized": False, "finalized": False}
 # Live communicators (destroyed by finalize_lib) and TCPStore servers started by get_unique_id.
 communicators: weakref.WeakSet[Any] = weakref.WeakSet()
 servers: dict[str, Any] = {}
+# Servers that outlive the communicator that started them: communicators split from it
+# (split_communicator) rendezvous through them, up to finalize_lib.
+pinned_servers: set[str] = set()
+#: the communicator of get_global_communicator() (None until made)
+cached: dict[str, Any] = {}
 
 
 def init_lib() -> None:
@@ -31,6 +36,8 @@ def finalize_lib() -> None:
         comm.close_locally()
     communicators.clear()
     servers.clear()
+    pinned_servers.clear()
+    cached.clear()
     state["initialized"] = False
     state["finalized"] = True
 
