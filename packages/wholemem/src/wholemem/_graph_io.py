@@ -25,27 +25,14 @@ from ._graph_tensors import (
     load_files,
     store_files,
 )
+from ._layout import SUPPORTED_DTYPES
 from ._tensor import WmTensorType
 
 if TYPE_CHECKING:
     from ._graph import GraphStructure
 
 _FORMAT, _VERSION = "wholemem-graph", 1
-_DTYPES = {
-    str(d).removeprefix("torch."): d
-    for d in (
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.uint8,
-        torch.bool,
-    )
-}
+_DTYPES = {str(d).removeprefix("torch."): d for d in SUPPORTED_DTYPES}
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
