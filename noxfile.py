@@ -17,6 +17,7 @@ through $MPICC / $MPIEXEC. What Open MPI needs on our machines is in ci/env.open
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -148,9 +149,19 @@ def run_pytest(
     """pytest over the packages' tests; tests marked `cluster` run only in the `cluster` session."""
     env = openmpi_env() | (extra_env or {})
     paths = [*(paths or []), *(str(ROOT / "packages" / p / "tests") for p in packages)]
+    # importing kvps or mpiad initialises MPI in pytest's own process (a singleton), whose
+    # shared-memory segment Open MPI 5.0 leaves in /dev/shm: keep it in a folder removed afterwards
+    keys = ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_osc_sm_backing_directory")
+    backing = None
+    if not any(k in env for k in keys):
+        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        backing = tempfile.mkdtemp(prefix="distkit-nox-mpi-", dir=shm)
+        env |= dict.fromkeys(keys, backing)
     # run from an empty folder so nothing imports from the source tree by accident
     tmp = Path(session.create_tmp())
-    with session.chdir(tmp):
+    with session.chdir(tmp), contextlib.ExitStack() as cleanup:
+        if backing:
+            cleanup.callback(shutil.rmtree, backing, ignore_errors=True)
         session.run(
             "python",
             "-m",
@@ -201,23 +212,13 @@ def tests(session: nox.Session, package: str) -> None:
         install_base(session, extra=("tqdm>=4.60", "matplotlib>=3.7", *_all_test_requirements()))
         build_wheels(session, list(PACKAGES))
         install_wheels(session, [p for p in PACKAGES if p != "common"])
-        # collecting kvps' and mpiad's tests initialises MPI in pytest's own process (a singleton),
-        # whose shared-memory segment Open MPI 5.0 leaves behind: keep it in a folder removed afterwards
-        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-        backing = tempfile.mkdtemp(prefix="distkit-nox-mpi-", dir=shm)
-        try:
-            run_pytest(
-                session,
-                list(PACKAGES),
-                paths=[str(ROOT / "tools" / "tests")],
-                markers="cluster",
-                plugins=("distkit_common.pytest_cluster",),
-                extra_env=dict.fromkeys(
-                    ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_osc_sm_backing_directory"), backing
-                ),
-            )
-        finally:
-            shutil.rmtree(backing, ignore_errors=True)
+        run_pytest(
+            session,
+            list(PACKAGES),
+            paths=[str(ROOT / "tools" / "tests")],
+            markers="cluster",
+            plugins=("distkit_common.pytest_cluster",),
+        )
         return
     if package == "integration":
         install_base(session, extra=("tqdm>=4.60", "matplotlib>=3.7"))
@@ -286,10 +287,29 @@ def matrix(session: nox.Session, torch: str) -> None:
 
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
-    """ruff (lint + format check) and mypy on every package's sources."""
-    session.install("ruff>=0.6", "mypy>=1.10", "numpy>=1.24", f"torch=={TORCH_DEFAULT}", "mpi4py>=4.0", "nox")
+    """ruff (lint + format check), mypy on every package's sources, and a dead-code check (vulture).
+
+    vulture reads the sources with the tests, benchmarks and tools that use them; names that only a
+    framework calls (pytest, DCP, PyG hooks) or that keep an original's signature are listed, each
+    with its reason, in ci/vulture_allowlist.py.
+    """
+    session.install(
+        "ruff>=0.6", "mypy>=1.10", "vulture==2.16", "numpy>=1.24", f"torch=={TORCH_DEFAULT}", "mpi4py>=4.0", "nox"
+    )
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run(
+        "vulture",
+        *(str(ROOT / "packages" / p / d) for p in PACKAGES for d in ("src", "tests", "benchmarks")),
+        *(str(p) for p in sorted((ROOT / "packages").glob("*/example*.py"))),
+        str(ROOT / "tools"),
+        str(ROOT / "noxfile.py"),
+        str(ROOT / "ci" / "vulture_allowlist.py"),
+        "--min-confidence",
+        "60",
+        "--ignore-decorators",
+        "@nox.session,@nox.parametrize",
+    )
     srcs = [str(ROOT / "packages" / p / "src") for p in PACKAGES]
     session.run(
         "mypy",

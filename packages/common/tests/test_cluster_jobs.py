@@ -113,6 +113,7 @@ def test_mpi_job_ends_when_a_host_loses_its_link() -> None:
     assert re.search(r"PRTE has lost communication with a remote daemon.*on node dkh2", res.stderr, re.S)
     # Open MPI 5.0.11's mpiexec exits 0 here; run_cluster fails the job by its ranks' missing exit codes
     assert res.returncode != 0 and all(r.code is None for r in res.ranks)
+    assert [r.rank for r in res.failed_ranks()] == [0, 1, 2, 3]
 
 
 def test_torchrun_2x2_gloo_sums_exactly_then_ends_when_a_host_is_killed() -> None:

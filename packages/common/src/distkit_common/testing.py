@@ -92,10 +92,11 @@ def _private_mpi_backing(env: dict[str, str]) -> Iterator[None]:
     """Put Open MPI's shared-memory backing files of one job in a private (0700)
     directory removed afterwards: a job that is killed (a timeout, a test that
     SIGKILLs a rank) would otherwise leave ``sm_segment.*`` files in /dev/shm.
-    Values the caller already set are kept."""
+    A folder the caller already named (nox names one per session) becomes the
+    parent, so every job still gets its own folder."""
     keys = ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_osc_sm_backing_directory")
-    base = "/dev/shm"
-    if any(k in env for k in keys) or not os.access(base, os.W_OK | os.X_OK):
+    base = env.get(keys[0]) or env.get(keys[1]) or "/dev/shm"
+    if not os.access(base, os.W_OK | os.X_OK):
         yield
         return
     folder = tempfile.mkdtemp(prefix="distkit-mpi-", dir=base)
