@@ -8,7 +8,11 @@ per measurement, prefixed with ``BENCH ``:
 
 and may write PNG plots into the folder given by $DISTKIT_BENCH_OUT. This
 driver launches each script (under mpiexec when its first line asks for
-``# nprocs: N``), collects the lines and writes the report.
+``# nprocs: N``), collects the lines and writes the report. A script with a
+line ``# cluster: HxR ARGS...`` runs a second time on the simulated cluster
+(H hosts x R ranks, ``distkit_common.testing.run_cluster``) with ARGS, where the
+machine can host it (root, network namespaces; ci/cluster/README.md); elsewhere
+that run is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-from distkit_common.testing import RunResult, run_mpi
+from distkit_common import cluster
+from distkit_common.testing import RunResult, run_cluster, run_mpi
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "results"
@@ -30,6 +35,22 @@ OUT = ROOT / "results"
 def nprocs_of(script: Path) -> int:
     m = re.search(r"^# nprocs: (\d+)", script.read_text(), re.M)
     return int(m.group(1)) if m else 1
+
+
+def cluster_spec_of(script: Path) -> tuple[int, int, list[str]] | None:
+    """(hosts, ranks per host, arguments) of the script's ``# cluster: HxR ARGS`` line, if any."""
+    m = re.search(r"^# cluster: (\d+)x(\d+)(.*)$", script.read_text(), re.M)
+    return (int(m.group(1)), int(m.group(2)), m.group(3).split()) if m else None
+
+
+def run_on_cluster(script: Path, spec: tuple[int, int, list[str]]) -> RunResult | None:
+    hosts, per_host, args = spec
+    reason = cluster.unavailable_reason()
+    if reason:
+        print(f"   skipped on the simulated cluster: {reason}", flush=True)
+        return None
+    print(f"== {script.parent.parent.name}: {script.name} {' '.join(args)} on {hosts} hosts x {per_host}", flush=True)
+    return run_cluster(hosts, per_host, script, 1800, args=args, check=False, env={"DISTKIT_BENCH_OUT": str(OUT)})
 
 
 def main(argv: list[str]) -> int:
@@ -57,15 +78,21 @@ def main(argv: list[str]) -> int:
                 stdin=subprocess.DEVNULL,
             )
             res = RunResult(proc.returncode, proc.stdout, proc.stderr)
-        sys.stdout.write(res.stdout)
-        if res.returncode != 0:
-            failures.append(f"{pkg}/{script.name} exited {res.returncode}")
-            sys.stderr.write(res.stderr[-4000:])
-        for line in res.stdout.splitlines():
-            if line.startswith("BENCH "):
-                row = json.loads(line[6:])
-                row.setdefault("package", pkg)
-                rows.append(row)
+        runs = [(script.name, res)]
+        spec = cluster_spec_of(script)
+        across = run_on_cluster(script, spec) if spec else None
+        if across is not None:
+            runs.append((f"{script.name} on the simulated cluster", across))
+        for what, res in runs:
+            sys.stdout.write(res.stdout)
+            if res.returncode != 0:
+                failures.append(f"{pkg}/{what} exited {res.returncode}")
+                sys.stderr.write(res.stderr[-4000:])
+            for line in res.stdout.splitlines():
+                if line.startswith("BENCH "):
+                    row = json.loads(line[6:])
+                    row.setdefault("package", pkg)
+                    rows.append(row)
         print(f"   ({time.monotonic() - t0:.0f} s)", flush=True)
     if only:  # a partial run refreshes those packages' rows and keeps everyone else's
         rows = [r for r in previous_rows() if r.get("package") not in only] + rows

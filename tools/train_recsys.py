@@ -28,6 +28,7 @@ popularity baseline, and saves the loss curve as a PNG.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -47,6 +48,7 @@ import kvps
 import mpiad
 import shardlayers as ts
 import wholemem as wg
+from distkit_common.collective import allgather_json, bcast_json
 from distx_fake import checkpoint, deferred_init
 
 WORLD = MPI.COMM_WORLD
@@ -230,6 +232,21 @@ def averaged_params(model: nn.Module, world: Any, dp_comm: Any) -> dict[str, tor
 
 
 # --------------------------------------------------------------------------- the job
+def node_communicator() -> Any:
+    """A wholemem communicator of the ranks on this node (a HOST tensor lives in one node's memory).
+
+    The node's first rank starts the rendezvous; its id travels as JSON (never pickled).
+    Every member runs on this machine, so the id names the loopback address: the
+    advertised default (``MASTER_ADDR``, the job's first host) is another node's.
+    """
+    node = WORLD.Split_type(MPI.COMM_TYPE_SHARED, key=WORLD.rank)
+    uid = dataclasses.asdict(wg.get_unique_id()) if node.rank == 0 else None
+    uid = wg.UniqueId(**{**bcast_json(uid, node), "host": "127.0.0.1"})
+    wm_comm = wg.create_communicator(node.size, uid, node.rank)
+    node.Free()
+    return wm_comm
+
+
 def digest(model: nn.Module, table: torch.Tensor) -> str:
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
@@ -251,7 +268,7 @@ def main(argv: list[str]) -> int:
 
     # torch.distributed (gloo) for shardlayers, rendezvous through a file next to the outputs
     store_path = out / f".store-{os.getpid() if rank == 0 else 0}"
-    store_path = Path(WORLD.bcast(str(store_path)))
+    store_path = Path(bcast_json(str(store_path), WORLD))
     dist.init_process_group("gloo", store=dist.FileStore(str(store_path), size), rank=rank, world_size=size)
     ts.distributed.init_process_group(group_size=cfg.tp)
     tp_rank, dp_size = ts.distributed.get_rank(), size // cfg.tp
@@ -263,10 +280,9 @@ def main(argv: list[str]) -> int:
 
     # wholemem: the item-feature table, one shared-memory copy per node
     wg.init_lib()
-    uid = WORLD.bcast(wg.get_unique_id() if rank == 0 else None)
-    wm_comm = wg.create_communicator(size, uid, rank)
+    wm_comm = node_communicator()
     feats = wg.create_wm_tensor(wm_comm, [cfg.items, cfg.features], [], torch.float32, wg.WmTensorType.HOST)
-    if rank == 0:
+    if wm_comm.rank == 0:
         feats.copy_(data.features)
     wm_comm.barrier()
 
@@ -360,7 +376,7 @@ def main(argv: list[str]) -> int:
     table = torch.empty(cfg.users * cfg.dim)
     worker.pull(torch.arange(cfg.users), table)
     fingerprint = digest(model, table)
-    fingerprints = WORLD.gather(fingerprint)
+    fingerprints = allgather_json(fingerprint, WORLD)
     if rank == 0:
         acc = history[-1][2] if len(history[-1]) > 2 else float("nan")
         summary = {

@@ -1,10 +1,21 @@
 # nprocs: 2
+# cluster: 2x1 --across-hosts
 # ruff: noqa: B023  (the timed closures run inside the loop that binds them)
 """mpiad Allreduce against raw mpi4py and torch.distributed (gloo), 8 B .. 64 MiB, float32.
 
 Run: mpiexec -n 2 python -m mpi4py benchmarks/bench_allreduce.py
 Prints one ``BENCH {json}`` line per measurement on rank 0 and writes
 ``mpiad_allreduce.png`` into $DISTKIT_BENCH_OUT (default: the current folder).
+
+``--across-hosts``: the Allreduce rows only, for ranks on different hosts (TCP):
+mpiad (new output and ``out=``) against mpi4py on the same buffers and against
+gloo, one ratio row per size. On the simulated cluster (root; ci/cluster/README.md)
+``nox -s bench`` runs it on 2 hosts x 1 rank (the ``# cluster:`` line above), or by hand::
+
+    python -c "from distkit_common.testing import run_cluster; \
+      print(run_cluster(2, 1, 'benchmarks/bench_allreduce.py', 900, args=['--across-hosts']).stdout)"
+
+On a real cluster: ``mpiexec --host a,b -n 2 python -m mpi4py bench_allreduce.py --across-hosts``.
 
 Timing (the machine is shared, so single numbers mislead): per size, the methods
 are interleaved in ``ROUNDS`` rounds; a method's time in a round is the slower
@@ -34,6 +45,7 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -44,6 +56,7 @@ import torch
 import torch.distributed as dist
 
 import mpiad
+from distkit_common.collective import bcast_json
 from distkit_common.dtypes import CODES
 from mpiad import _algo, _mpiad
 
@@ -77,8 +90,11 @@ def bench(fns: dict[str, Callable[[], object]], nbytes: int, rounds: int = ROUND
     for fn in fns.values():  # warm-up
         for _ in range(min(n, 50)):
             fn()
-    for _ in range(rounds):
-        for k, fn in fns.items():
+    items = list(fns.items())
+    for r in range(rounds):
+        # each round starts with another method: whatever the previous method leaves
+        # running (gloo's threads, TCP state) does not always land on the same one
+        for k, fn in items[r % len(items) :] + items[: r % len(items)]:
             W.Barrier()
             t0 = time.perf_counter()
             for _ in range(n):
@@ -100,11 +116,76 @@ def ratio(t: Times, a: str, b: str) -> tuple[float, float, float]:
 
 
 def init_gloo() -> str:
-    tmp = tempfile.mkdtemp(prefix="mpiad-bench-") if rank == 0 else None
-    tmp = W.bcast(tmp, root=0)
+    tmp = bcast_json(tempfile.mkdtemp(prefix="mpiad-bench-") if rank == 0 else None, W)
     store = dist.FileStore(os.path.join(tmp, "store"), size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
     return tmp
+
+
+def size_label(nbytes: int) -> str:
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    return f"{nbytes >> 10} KiB" if nbytes < 1 << 20 else f"{nbytes >> 20} MiB"
+
+
+def across_hosts() -> None:
+    """The Allreduce rows for ranks on different hosts: every byte crosses TCP."""
+    hosts = W.allgather(MPI.Get_processor_name())
+    if rank == 0:
+        print(f"Allreduce across hosts: {size} ranks on {len(set(hosts))} hosts ({', '.join(hosts)})", flush=True)
+    tmp = init_gloo()
+    S = mpiad.MPI_SUM
+    where = f"across {len(set(hosts))} hosts (TCP, {size} ranks)"
+    try:
+        for nbytes in SIZES:
+            numel = max(1, nbytes // 4)
+            x = torch.rand(numel, dtype=torch.float32)
+            res = torch.zeros_like(x)
+            xn, resn = x.numpy(), res.numpy()
+            gl = x.clone()
+            fns: dict[str, Callable[[], object]] = {
+                "mpiad": lambda: comm.Allreduce(x, S),
+                "mpiad out=": lambda: comm.Allreduce(x, S, out=res),
+                "mpi4py": lambda: W.Allreduce(xn, resn, op=MPI.SUM),
+                "gloo": lambda: dist.all_reduce(gl),
+            }
+            t = bench(fns, nbytes, rounds=7)
+            label = size_label(nbytes)
+            us = {k: med(v) * 1e6 for k, v in t.items()}
+            r, lo, hi = ratio(t, "mpiad", "mpi4py")
+            ro, _, _ = ratio(t, "mpiad out=", "mpi4py")
+            limit = 2.0 if nbytes < 1 << 20 else 1.05
+            if nbytes == 8 or nbytes >= 1 << 20:
+                emit(
+                    f"Allreduce {label} {where}, new output: mpiad / mpi4py (same input and output buffers)",
+                    r,
+                    f"<= {limit:g}",
+                    r <= limit,
+                    lo=lo,
+                    hi=hi,
+                    out_eq=ro,
+                    mpiad_us=us["mpiad"],
+                    mpiad_out_us=us["mpiad out="],
+                    mpi4py_us=us["mpi4py"],
+                )
+            else:
+                emit(f"Allreduce {label} {where}: mpiad / mpi4py", r, "informational", True, lo=lo, hi=hi)
+            rg, glo, ghi = ratio(t, "mpiad", "gloo")
+            emit(
+                f"Allreduce {label} {where}: mpiad / gloo all_reduce",
+                rg,
+                "< 1",
+                rg < 1,
+                lo=glo,
+                hi=ghi,
+                mpiad_us=us["mpiad"],
+                gloo_us=us["gloo"],
+            )
+    finally:
+        dist.destroy_process_group()
+        W.Barrier()
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> None:
@@ -142,11 +223,7 @@ def main() -> None:
             _algo.configure()
             for k in results:
                 results[k].append(med(t[k]))
-            label = (
-                f"{nbytes} B"
-                if nbytes < 1024
-                else (f"{nbytes >> 10} KiB" if nbytes < 1 << 20 else f"{nbytes >> 20} MiB")
-            )
+            label = size_label(nbytes)
             us = {k: med(v) * 1e6 for k, v in t.items()}
             r, lo, hi = ratio(t, "mpiad", "mpi4py")
             ra, _, _ = ratio(t, "mpiad", "mpi4py (new output)")
@@ -307,4 +384,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--across-hosts"]:
+        across_hosts()
+    elif sys.argv[1:]:
+        raise SystemExit(f"usage: {sys.argv[0]} [--across-hosts]")
+    else:
+        main()
