@@ -17,10 +17,12 @@ from distkit_common.validate import check_int
 
 from . import _kvps
 from ._args import KeyRangeError, as_keys, as_values
+from ._shard import LocalShard
 
-TECHNIQUES = {"all": 0, "replication_only": 1, "relocation_only": 2, "none": 3}
-_DTYPES = {torch.float32: 2, torch.float64: 3, torch.float16: 0, torch.bfloat16: 1}
-_PULL, _PUSH, _SET = 1, 2, 3
+#: ``use_techniques`` name -> the engine's code
+TECHNIQUES: dict[str, int] = dict(_kvps.TECHNIQUES)
+_DTYPES = {getattr(torch, name): code for name, code in _kvps.VALUE_DTYPES.items()}
+_PULL, _PUSH, _SET = _kvps.PULL, _kvps.PUSH, _kvps.SET
 
 
 @dataclass
@@ -186,6 +188,7 @@ class Server:
             bool(prefault),
             shared_memory,
         )
+        self._shard = LocalShard(self._engine, self._coll, self.lengths, dtype, {"name": "add"})
         self._closed = False
         self._sampling: _SamplingConfig | None = None
         _live.add(self)
@@ -337,9 +340,9 @@ class Server:
 
         self._check_open()
         if format == "kvps":
-            save(self, path)
+            save(self._shard, path)
         elif format == "distx":
-            save_distx(self, path)
+            save_distx(self._shard, path)
         else:
             raise ValueError(f"format must be 'kvps' or 'distx', got {format!r}")
 
@@ -370,9 +373,9 @@ class Server:
 
         self._check_open()
         if format == "kvps":
-            load(self, path)
+            load(self._shard, path)
         elif format == "distx":
-            load_distx(self, path)
+            load_distx(self._shard, path)
         else:
             raise ValueError(f"format must be 'kvps' or 'distx', got {format!r}")
 

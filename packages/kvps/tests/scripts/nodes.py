@@ -16,6 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 import kvps
+from kvps import _kvps
 
 faulthandler.dump_traceback_later(100)
 comm = MPI.COMM_WORLD
@@ -23,7 +24,7 @@ rank, size = comm.Get_rank(), comm.Get_size()
 assert size == 4
 os.environ["KVPS_NODE_ID"] = str(rank // 2)  # read when a Server is created
 NK, L = 400, 3
-OWNED, NOT_HERE, REPLICA = 1, 0, 2
+OWNED, NOT_HERE, REPLICA = (_kvps.KEY_STATES[s] for s in ("owned", "not_here", "replica"))
 
 for tech in ("relocation_only", "all"):
     kvps.setup(NK, 1, tech)
