@@ -26,7 +26,7 @@ enum Flag : uint8_t {
   F_INCOMING = 8,   // a replica whose key is being relocated here
   F_NOTICED = 16,   // the home announced the key; wait_sync waits for its value
   F_UNTOLD = 32,    // this rank intends the key but did not tell the home (nothing to drop there)
-  F_FRESH = 64,     // the last intent came with no earlier one in the reuse horizon (see intent.hpp)
+  F_FRESH = 64,     // the last intent had no earlier one within the reuse horizon (intent.hpp)
   F_IN_RLIST = 128, // listed in the replica list
 };
 
@@ -85,6 +85,7 @@ class Directory {
       m.flags = 0;
       m.dirty = 0;
       m.want = 0;
+      m.last = 0;
       m.imask = 0;
     }
     intenders_.clear();

@@ -89,6 +89,23 @@ struct IntentEntry {
   std::vector<int64_t> keys;
 };
 
+/// The judgment whether moving a key here pays (see intent.hpp).
+class ReuseModel {
+ public:
+  /// A key intended again within this many clocks of its last intent recurs.
+  static constexpr uint32_t kReuseHorizon = 32;
+  bool note(Meta& m, int64_t start);
+  bool worth_moving(int64_t window, bool recurs) const;
+  /// The observed share of fresh keys that came back.
+  double reuse_share() const { return hits_ / seen_; }
+
+ private:
+  // an exponentially decaying count over the last few thousand fresh keys,
+  // starting as if every fresh key had come back
+  static constexpr double kDecay = 1.0 - 1.0 / 2048;
+  double seen_ = 64, hits_ = 64;
+};
+
 class Engine {
  public:
   Engine(uintptr_t comm, uintptr_t coll, int64_t num_keys, const int64_t* lengths, int dtype, int num_workers,
@@ -149,7 +166,11 @@ class Engine {
   }
   /// Keys served so far by this rank's workers: from its own shard, from a
   /// node-local peer's shard in shared memory, and through messages.
-  std::array<int64_t, 3> stats() const { return {n_local_.load(), n_shared_.load(), n_remote_.load()}; }
+  /// Then: keys whose intent the home was told of (to move them here), and
+  /// keys whose intent the cost model left at their owners.
+  std::array<int64_t, 5> stats() const {
+    return {n_local_.load(), n_shared_.load(), n_remote_.load(), n_told_.load(), n_classic_.load()};
+  }
   /// Whether this rank reads and updates node-local peers' shards in place.
   bool shares_memory() const { return shm_.shares_peers(); }
   int64_t num_replicas() { return reps_.count(dir_); }
@@ -351,6 +372,8 @@ class Engine {
   Meta* meta_ = nullptr;       // this rank's records (dir_'s; in its shared segment when shared)
   std::vector<Meta*> pmeta_;   // node-local peers' records (nullptr: not shared)
   std::atomic<int64_t> n_local_{0}, n_shared_{0}, n_remote_{0};  // keys served, per path
+  std::atomic<int64_t> n_told_{0}, n_classic_{0};                 // intents, per decision
+  ReuseModel reuse_;                                              // progress thread only
 
   std::mutex cmd_mu_;
   std::deque<Cmd> cmds_;

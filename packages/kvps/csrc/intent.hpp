@@ -2,14 +2,52 @@
 //
 // A worker's intent for clocks [start, end) takes effect once its clock
 // reaches start - lookahead: the rank tells each key's home (unless it holds
-// the key already), and the home relocates the key (one intending rank) or
-// grants replicas (several). When the window ends the rank drops the intent;
-// a replica with updates flushes them to the owner.
+// the key already, or the cost model below leaves the key where it is), and
+// the home relocates the key (one intending rank) or grants replicas
+// (several). When the window ends the rank drops the intent; a replica with
+// updates flushes them to the owner.
+//
+// The cost model. Moving a key here costs about as much engine work as one
+// or two remote accesses (the intent at the home, the transfer and handover,
+// the drop; README, Benchmarks); afterwards its accesses are local. So a move
+// pays when the key will be used here at least twice. Expected uses: one per
+// clock of the window, plus more when the key comes back. A key intended
+// again within kReuseHorizon clocks of its previous intent is recurring and
+// moves; a key seen for the first time in that horizon (fresh) with a one-clock
+// window moves only if fresh keys of this rank usually come back, i.e. if the
+// observed share of fresh keys intended again within the horizon is at least
+// one half. That share starts at 1 (every intent moves its keys, as AdaPM
+// does) and follows the workload: the one-off tail keys of a skewed workload
+// stay at their owners and are accessed the classic way, the keys that recur
+// move. A fresh key left in place that then recurs is moved at once.
 #pragma once
 
 #include "engine.hpp"
 
 namespace kvps {
+
+/// Records an intent of key record `m` for clock `start`; returns whether the
+/// key recurs (its previous intent here lies within kReuseHorizon clocks).
+inline bool ReuseModel::note(Meta& m, int64_t start) {
+  const uint32_t now = static_cast<uint32_t>(start) + 1;  // (0 marks "never")
+  const uint32_t gap = now > m.last ? now - m.last : m.last - now;
+  const bool recurs = m.last != 0 && gap <= kReuseHorizon;
+  if (m.flags & F_FRESH) {
+    m.flags &= static_cast<uint8_t>(~F_FRESH);
+    if (recurs) hits_ += 1;  // a fresh key came back
+  }
+  if (!recurs) {
+    m.flags |= F_FRESH;
+    seen_ = seen_ * kDecay + 1;
+    hits_ *= kDecay;
+  }
+  if (now > m.last) m.last = now;
+  return recurs;
+}
+
+inline bool ReuseModel::worth_moving(int64_t window, bool recurs) const {
+  return window >= 2 || recurs || hits_ >= 0.5 * seen_;
+}
 
 inline void Engine::process_intents(int w, Outbox& ob) {
   const int64_t c = clocks_[w].load();
@@ -21,17 +59,30 @@ inline void Engine::process_intents(int w, Outbox& ob) {
     IntentEntry e = std::move(pend.begin()->second);
     pend.erase(pend.begin());
     if (e.end <= c) continue;
+    const int64_t window = e.end - e.start;
     const int64_t ne = static_cast<int64_t>(e.keys.size());
     for (int64_t i = 0; i < ne; ++i) {
       ahead(e.keys.data(), ne, i, false);
       const int64_t k = e.keys[i];
       Meta& m = meta_[k];
-      if (m.want++ != 0) continue;
-      if (keep_owned && m.state == OWNED) {  // (state: written by this thread only)
+      const bool recurs = reuse_.note(m, e.start);
+      // (state: written by this thread only)
+      if (m.want++ != 0) {
+        // wanted already, but left at its owner: it recurs now, so move it
+        if ((m.flags & F_UNTOLD) && recurs && m.state != OWNED) {
+          m.flags &= static_cast<uint8_t>(~F_UNTOLD);
+          add.push_back(k);
+        }
+        continue;
+      }
+      if (keep_owned && m.state == OWNED) {
         // held here already: no need to tell the home. Should another
         // rank's intent move the key away, the transfer leaves a replica
         // here while this rank still wants it (see serve(M_TRANSFER)).
         m.flags |= F_UNTOLD;
+      } else if (!reuse_.worth_moving(window, recurs)) {
+        m.flags |= F_UNTOLD;  // accessed the classic way, at its owner
+        ++n_classic_;
       } else {
         add.push_back(k);
       }
@@ -49,6 +100,7 @@ inline void Engine::process_intents(int w, Outbox& ob) {
       if (--meta_[k].want == 0) drop.push_back(k);
     }
   }
+  n_told_ += static_cast<int64_t>(add.size());
   if (!add.empty()) send_intent(M_INTENT_ADD, add, ob);
   if (!drop.empty()) drop_intents(drop, ob);
 }

@@ -47,6 +47,13 @@ PYBIND11_MODULE(_kvps, m) {
   states["replica"] = static_cast<int>(kvps::REPLICA);
   states["incoming"] = static_cast<int>(kvps::INCOMING);
   m.attr("KEY_STATES") = states;
+  py::dict rules;
+  rules["add"] = static_cast<int>(kvps::R_ADD);
+  rules["sgd"] = static_cast<int>(kvps::R_SGD);
+  rules["adagrad"] = static_cast<int>(kvps::R_ADAGRAD);
+  rules["rowwise_adagrad"] = static_cast<int>(kvps::R_ROWWISE_ADAGRAD);
+  rules["adam"] = static_cast<int>(kvps::R_ADAM);
+  m.attr("RULES") = rules;
   py::dict dtypes;  // the value dtypes an engine accepts, by name
   for (auto d : {distkit::DType::Float32, distkit::DType::Float64, distkit::DType::Float16, distkit::DType::BFloat16})
     dtypes[distkit::dtype_name(d)] = static_cast<int>(d);
@@ -54,17 +61,19 @@ PYBIND11_MODULE(_kvps, m) {
 
   py::class_<Engine>(m, "Engine")
       .def(py::init([](uintptr_t comm, uintptr_t coll, int64_t num_keys, uintptr_t lengths, int dtype, int workers,
-                       int technique, int64_t lookahead, int64_t sync_every, bool prefault, bool shared_memory) {
+                       int technique, int64_t lookahead, int64_t sync_every, bool prefault, bool shared_memory,
+                       int rule, double lr, double eps, double beta1, double beta2) {
              return new Engine(comm, coll, num_keys, ptr<const int64_t>(lengths), dtype, workers, technique, lookahead,
-                               sync_every, prefault, shared_memory, kvps::Rule{});
+                               sync_every, prefault, shared_memory, kvps::Rule{rule, lr, eps, beta1, beta2});
            }),
            py::arg("comm"), py::arg("coll"), py::arg("num_keys"), py::arg("lengths"), py::arg("dtype"),
            py::arg("num_workers"), py::arg("technique"), py::arg("lookahead"), py::arg("sync_every") = 1,
-           py::arg("prefault") = false, py::arg("shared_memory") = true)
+           py::arg("prefault") = false, py::arg("shared_memory") = true, py::arg("rule") = 0, py::arg("lr") = 0.0,
+           py::arg("eps") = 0.0, py::arg("beta1") = 0.0, py::arg("beta2") = 0.0)
       .def("stats",
            [](Engine& e) {
              auto s = e.stats();
-             return py::make_tuple(s[0], s[1], s[2]);
+             return py::make_tuple(s[0], s[1], s[2], s[3], s[4]);
            })
       .def_property_readonly("shares_memory", &Engine::shares_memory)
       .def_property_readonly("rank", &Engine::rank)

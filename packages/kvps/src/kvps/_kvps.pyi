@@ -12,6 +12,7 @@ PUSH: int
 SET: int
 TECHNIQUES: dict[str, int]
 KEY_STATES: dict[str, int]
+RULES: dict[str, int]
 VALUE_DTYPES: dict[str, int]
 
 class Engine:
@@ -28,8 +29,13 @@ class Engine:
         sync_every: int = 1,
         prefault: bool = False,
         shared_memory: bool = True,
+        rule: int = 0,
+        lr: float = 0.0,
+        eps: float = 0.0,
+        beta1: float = 0.0,
+        beta2: float = 0.0,
     ) -> None: ...
-    def stats(self) -> tuple[int, int, int]: ...
+    def stats(self) -> tuple[int, int, int, int, int]: ...
     @property
     def shares_memory(self) -> bool: ...
     @property

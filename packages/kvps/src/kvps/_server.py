@@ -18,6 +18,7 @@ from distkit_common.validate import check_int
 from . import _kvps
 from ._args import KeyRangeError, as_keys, as_values
 from ._shard import LocalShard
+from .optim import Optimizer
 
 #: ``use_techniques`` name -> the engine's code
 TECHNIQUES: dict[str, int] = dict(_kvps.TECHNIQUES)
@@ -134,13 +135,19 @@ class Server:
         shared only when ``/dev/shm`` can hold every co-located shard.
     comm : mpi4py.MPI.Comm, optional
         The communicator to span (duplicated); ``MPI.COMM_WORLD`` by default.
+    optimizer : kvps.optim.Optimizer, optional
+        Apply this optimizer where the rows live: every ``push`` then carries
+        gradients, and the key's owner runs one optimizer step with them (see
+        :mod:`kvps.optim`). Its state is stored behind each row, moves with the
+        key and is checkpointed with the server. Needs a float32 or float64
+        server. Default: ``push`` adds the values (AdaPM).
 
     Raises
     ------
     RuntimeError
         ``kvps.setup`` was not called, or MPI does not provide ``MPI_THREAD_MULTIPLE``.
     TypeError, ValueError
-        Bad ``value_lengths`` or ``dtype``.
+        Bad ``value_lengths``, ``dtype`` or ``optimizer`` (an optimizer on a 16-bit server).
     """
 
     def __init__(
@@ -153,6 +160,7 @@ class Server:
         prefault: bool = False,
         shared_memory: bool | None = None,
         comm: Any = None,
+        optimizer: Optimizer | None = None,
     ) -> None:
         if _config is None:
             raise RuntimeError("call kvps.setup(num_keys, num_threads, use_techniques) before creating a Server")
@@ -167,6 +175,13 @@ class Server:
             shared_memory = os.environ.get("KVPS_SHARED_MEMORY", "1").strip().lower() not in ("0", "false", "off", "no")
         elif not isinstance(shared_memory, bool):
             raise TypeError(f"shared_memory must be a bool or None, got {type(shared_memory).__name__}")
+        if optimizer is not None:
+            if not isinstance(optimizer, Optimizer) or type(optimizer) is Optimizer:
+                raise TypeError(f"optimizer must be one of kvps.optim's optimizers, got {type(optimizer).__name__}")
+            if dtype not in (torch.float32, torch.float64):
+                raise TypeError(f"server-side optimizers need a float32 or float64 server, got {dtype}")
+        self.optimizer: Optimizer | None = optimizer
+        rule = optimizer._engine_args() if optimizer is not None else (_kvps.RULES["add"], 0.0, 0.0, 0.0, 0.0)
         if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
             raise RuntimeError(
                 "kvps needs MPI_THREAD_MULTIPLE; mpi4py initialised MPI with a lower thread level "
@@ -187,8 +202,10 @@ class Server:
             self.replica_sync_every,
             bool(prefault),
             shared_memory,
+            *rule,
         )
-        self._shard = LocalShard(self._engine, self._coll, self.lengths, dtype, {"name": "add"})
+        rule_desc = optimizer.to_dict() if optimizer is not None else {"name": "add"}
+        self._shard = LocalShard(self._engine, self._coll, self.lengths, dtype, rule_desc)
         self._closed = False
         self._sampling: _SamplingConfig | None = None
         _live.add(self)
@@ -215,16 +232,26 @@ class Server:
         return bool(self._engine.shares_memory)
 
     def stats(self) -> dict[str, int]:
-        """How this rank's workers' keys were served so far.
+        """How this rank's workers' keys were served so far, and what became of their intents.
 
         Returns
         -------
         dict
-            ``local``: from this rank's shard or replicas; ``shared``: in place
-            in a node-local peer's shard; ``remote``: through messages.
+            ``local``: keys served from this rank's shard or replicas;
+            ``shared``: in place in a node-local peer's shard; ``remote``:
+            through messages. ``intent_moved``: intended keys this rank asked
+            to move (or replicate) here; ``intent_classic``: intended keys the
+            cost model left at their owners, because moving them would cost
+            more than their expected uses save (one-off keys; see the README).
         """
-        loc, shared, remote = self._engine.stats()
-        return {"local": int(loc), "shared": int(shared), "remote": int(remote)}
+        loc, shared, remote, moved, classic = self._engine.stats()
+        return {
+            "local": int(loc),
+            "shared": int(shared),
+            "remote": int(remote),
+            "intent_moved": int(moved),
+            "intent_classic": int(classic),
+        }
 
     def my_rank(self) -> int:
         """This process's rank."""
@@ -531,10 +558,11 @@ class Worker:
         return self._op(_PULL, keys, vals, asynchronous)
 
     def push(self, keys: Any, vals: Any, asynchronous: bool = False) -> int:
-        """Add ``vals`` to the values of ``keys``.
+        """Add ``vals`` to the values of ``keys`` (or, on a server with an optimizer, apply them as gradients).
 
-        Duplicate keys in one push accumulate (each occurrence is added). The
-        buffer may be reused as soon as ``push`` returns (it is copied).
+        Duplicate keys in one push accumulate (each occurrence is added; under
+        an optimizer each occurrence is one step: push one summed gradient per
+        key). The buffer may be reused as soon as ``push`` returns (it is copied).
 
         Returns
         -------
@@ -550,6 +578,9 @@ class Worker:
 
     def set(self, keys: Any, vals: Any, asynchronous: bool = False) -> int:
         """Overwrite the values of ``keys`` with ``vals`` (at the owner; replicas catch up at the next sync).
+
+        Under a server-side optimizer only the parameters are written; the
+        optimizer state of the keys is kept.
 
         Returns
         -------
