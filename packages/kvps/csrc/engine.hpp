@@ -430,10 +430,12 @@ inline int64_t Engine::op(int op, int worker, const int64_t* keys, int64_t n, ch
     int64_t r = 0, shared = 0;
     constexpr int64_t kAhead = 24;
     for (int64_t i = lo; i < hi; ++i) {
-      if (i + kAhead < hi) {
+      if (i + kAhead < hi) {  // the whole slot a few keys ahead: random rows miss every cache line
         const int64_t kp = keys[i + kAhead];
-        __builtin_prefetch(sh_.slot(kp));
-        __builtin_prefetch(&meta_[kp].state);
+        const char* sp = sh_.slot(kp);
+        const size_t b = std::min<size_t>(op == M_PULL ? lay.row_bytes(kp) : lay.slot_bytes(kp), 512);
+        for (size_t o = 0; o < b; o += 64) __builtin_prefetch(sp + o, 1);
+        __builtin_prefetch(&meta_[kp].state, 1);
       }
       const int64_t k = keys[i];
       char* v = vals + (uni ? i * urow : voff[i]);

@@ -10,6 +10,7 @@
 #include "distkit/parallel.hpp"
 #include "distkit/pybind.hpp"
 #include "engine.hpp"
+#include "pooling.hpp"
 
 namespace py = pybind11;
 using distkit::nogil;
@@ -58,6 +59,24 @@ PYBIND11_MODULE(_kvps, m) {
   for (auto d : {distkit::DType::Float32, distkit::DType::Float64, distkit::DType::Float16, distkit::DType::BFloat16})
     dtypes[distkit::dtype_name(d)] = static_cast<int>(d);
   m.attr("VALUE_DTYPES") = dtypes;
+
+  m.def(
+      "bag_grad",
+      [](int dtype, uintptr_t grad, int64_t dim, uintptr_t local, uintptr_t order, uintptr_t bag, uintptr_t scale,
+         int64_t n, int64_t rows, int64_t skip, uintptr_t out) {
+        nogil g;
+        const auto dt = distkit::dtype_from_code(dtype);
+        if (dt == distkit::DType::Float32) {
+          kvps::bag_grad(ptr<const float>(grad), dim, ptr<const int64_t>(local), ptr<const int64_t>(order),
+                         ptr<const int64_t>(bag), ptr<const float>(scale), n, rows, skip, ptr<float>(out));
+        } else if (dt == distkit::DType::Float64) {
+          kvps::bag_grad(ptr<const double>(grad), dim, ptr<const int64_t>(local), ptr<const int64_t>(order),
+                         ptr<const int64_t>(bag), ptr<const double>(scale), n, rows, skip, ptr<double>(out));
+        } else {
+          throw distkit::TypeError("bag_grad: float32 or float64 only");
+        }
+      },
+      "Gradient of sum/mean bags w.r.t. their rows (pooling.hpp); pointers to contiguous CPU buffers.");
 
   py::class_<Engine>(m, "Engine")
       .def(py::init([](uintptr_t comm, uintptr_t coll, int64_t num_keys, uintptr_t lengths, int dtype, int workers,

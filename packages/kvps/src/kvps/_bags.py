@@ -20,6 +20,7 @@ from torch import nn
 
 from distkit_common.validate import as_index_tensor, check_int
 
+from . import _kvps
 from ._prefetch import default_ids, prefetch
 from ._server import Worker
 
@@ -187,12 +188,85 @@ class _Lookup:
 
             self.rows.register_hook(push)
 
-    def table(self, lo: int, hi: int, dim: int) -> torch.Tensor:
-        """The rows of keys[lo:hi] (all of one table, ``dim`` wide) as a (hi - lo, dim) view."""
+    def tables(self, counts: list[int], dims: list[int]) -> list[torch.Tensor]:
+        """The rows as one ``(counts[t], dims[t])`` view per table (keys grouped by table, in order).
+
+        One split: its backward joins the tables' gradients with one copy.
+        """
+        if len(counts) == 1:
+            return [self.rows.view(counts[0], dims[0])]
         if self.lens is None:
-            return self.rows.view(-1, dim)[lo:hi]
-        start = int(self.lens[:lo].sum())
-        return self.rows[start : start + (hi - lo) * dim].view(hi - lo, dim)
+            return list(self.rows.view(-1, dims[0]).split(counts))
+        parts = self.rows.split([c * d for c, d in zip(counts, dims)])
+        return [p.view(c, d) for p, c, d in zip(parts, counts, dims)]
+
+
+class _SumMeanBag(torch.autograd.Function):
+    """``F.embedding_bag`` ("sum"/"mean") whose backward is kvps's ``bag_grad``: torch's numbers.
+
+    torch's dense backward produces a gradient of the whole (here: the
+    batch's) table through several passes; ``bag_grad`` accumulates straight
+    into the distinct rows, in the order torch does (see pooling.hpp).
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        weight: torch.Tensor,
+        local: torch.Tensor,
+        offsets: torch.Tensor,
+        mode: str,
+        psw: torch.Tensor | None,
+        include_last_offset: bool,
+        pad: int | None,
+        order: torch.Tensor | None,
+    ) -> torch.Tensor:
+        ctx.save_for_backward(local, offsets, psw, order)
+        ctx.args = (weight.shape, mode, include_last_offset, pad)
+        return F.embedding_bag(
+            local,
+            weight,
+            offsets,
+            mode=mode,
+            per_sample_weights=psw,
+            include_last_offset=include_last_offset,
+            padding_idx=pad,
+        )
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:  # type: ignore[override]
+        local, offsets, psw, order = ctx.saved_tensors
+        shape, mode, include_last_offset, pad = ctx.args
+        n = local.numel()
+        bags = offsets.numel() - (1 if include_last_offset else 0)
+        ends = offsets[1:] if include_last_offset else torch.cat([offsets[1:], offsets.new_tensor([n])])
+        bag = torch.repeat_interleave(torch.arange(bags), ends - offsets[:bags], output_size=n)
+        if mode == "mean":  # torch divides by the bag's size (without padding ids) in double
+            keep = None if pad is None else (local != pad).double()
+            counts = torch.bincount(bag, weights=keep, minlength=bags).double().clamp(min=1)
+            scale = (1.0 / counts)[bag].to(grad.dtype)
+        elif psw is not None:
+            scale = psw.reshape(-1).to(grad.dtype).contiguous()
+        else:
+            scale = torch.ones(n, dtype=grad.dtype)
+        g = grad.contiguous()
+        out = torch.empty(shape, dtype=g.dtype)
+        if order is None:
+            order = torch.sort(local).indices  # the order torch's own backward visits the ids in
+        _kvps.bag_grad(
+            _kvps.VALUE_DTYPES[str(g.dtype).removeprefix("torch.")],
+            g.data_ptr(),
+            shape[1],
+            local.data_ptr(),
+            order.data_ptr(),
+            bag.data_ptr(),
+            scale.data_ptr(),
+            n,
+            shape[0],
+            -1 if pad is None else pad,  # padding ids add nothing
+            out.data_ptr(),
+        )
+        return out, None, None, None, None, None, None, None
 
 
 def _pool(
@@ -203,12 +277,19 @@ def _pool(
     psw: torch.Tensor | None,
     include_last_offset: bool,
     pad: int | None,
+    order: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``F.embedding_bag`` over a table's pulled rows; ``pad`` is the padding row's local index (or None)."""
+    """``F.embedding_bag`` over a table's pulled rows; ``pad`` is the padding row's local index (or None).
+
+    ``order``: ``torch.sort(local)``'s permutation, when the caller has it.
+    """
     if weight.shape[0] == 0 or (pad is not None and pad == weight.shape[0]):
         # no rows (an empty batch) or a padding id the batch does not use: a
         # zero row that no id selects keeps embedding_bag's behaviour
         weight = torch.cat([weight, weight.new_zeros(1, weight.shape[1])])
+    if mode != "max" and weight.requires_grad and (psw is None or not psw.requires_grad):
+        out: torch.Tensor = _SumMeanBag.apply(weight, local, offsets, mode, psw, include_last_offset, pad, order)
+        return out
     return F.embedding_bag(
         local,
         weight,
@@ -218,6 +299,21 @@ def _pool(
         include_last_offset=include_last_offset,
         padding_idx=pad,
     )
+
+
+def _distinct(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.unique(ids, return_inverse=True)`` from one ``torch.sort``, whose permutation is kept.
+
+    The permutation is the order torch's embedding_bag backward visits the
+    ids in (pooling.hpp), so the backward need not sort again.
+    """
+    sorted_ids, order = torch.sort(ids)
+    first = torch.ones(ids.numel(), dtype=torch.bool)
+    if ids.numel() > 1:
+        torch.ne(sorted_ids[1:], sorted_ids[:-1], out=first[1:])
+    local = torch.empty_like(ids)
+    local[order] = torch.cumsum(first, 0) - 1
+    return sorted_ids[first], local, order
 
 
 def _local_padding(uniq: torch.Tensor, pad_key: int | None) -> int | None:
@@ -333,14 +429,21 @@ class PSEmbeddingBag(nn.Module):
         """
         flat, off = _bags(input, offsets, self.include_last_offset, self.num_embeddings)
         psw = _weights(per_sample_weights, flat, self.mode, self.worker.server.dtype, "PSEmbeddingBag")
-        uniq, local = torch.unique(flat, return_inverse=True)
-        keys = (uniq + self.key_offset).contiguous()
+        uniq, local, order = _distinct(flat)
+        keys = (uniq + self.key_offset).contiguous() if self.key_offset else uniq
         skip = uniq == self.padding_idx if self.padding_idx is not None else None
         pending = self._pending if torch.is_grad_enabled() else None
         lk = _Lookup(self.worker, keys, self.embedding_dim, skip, pending)
         pad = _local_padding(uniq, self.padding_idx)
         return _pool(
-            lk.table(0, keys.numel(), self.embedding_dim), local, off, self.mode, psw, self.include_last_offset, pad
+            lk.tables([keys.numel()], [self.embedding_dim])[0],
+            local,
+            off,
+            self.mode,
+            psw,
+            self.include_last_offset,
+            pad,
+            order,
         )
 
     def flush(self) -> None:
@@ -629,16 +732,17 @@ class PSEmbeddingBagCollection(nn.Module):
         skip = torch.isin(keys, torch.tensor(pad_keys, dtype=torch.int64)) if pad_keys else None
         lk = _Lookup(self.worker, keys, self._dim, skip, self._pending if torch.is_grad_enabled() else None)
         bounds = torch.searchsorted(keys, torch.tensor(self._base, dtype=torch.int64)).tolist()
+        counts = [bounds[i + 1] - bounds[i] for i in range(len(self.tables))]
+        weights = lk.tables(counts, [t.embedding_dim for t in self.tables])
         out: dict[str, torch.Tensor] = {}
         for f in self.feature_names:
             i = self._feature_table[f]
             t = self.tables[i]
-            lo, hi = bounds[i], bounds[i + 1]
-            uniq = keys[lo:hi] - self._base[i]
+            uniq = keys[bounds[i] : bounds[i + 1]] - self._base[i]
             flat, off, psw = inputs[f]
             local = torch.searchsorted(uniq, flat)
             pad = _local_padding(uniq, t.padding_idx)
-            out[f] = _pool(lk.table(lo, hi, t.embedding_dim), local, off, t.mode, psw, False, pad)
+            out[f] = _pool(weights[i], local, off, t.mode, psw, False, pad)
         return out
 
     def flush(self) -> None:

@@ -15,6 +15,20 @@ KEY_STATES: dict[str, int]
 RULES: dict[str, int]
 VALUE_DTYPES: dict[str, int]
 
+def bag_grad(
+    dtype: int,
+    grad: int,
+    dim: int,
+    local: int,
+    order: int,
+    bag: int,
+    scale: int,
+    n: int,
+    rows: int,
+    skip: int,
+    out: int,
+) -> None: ...
+
 class Engine:
     def __init__(
         self,
