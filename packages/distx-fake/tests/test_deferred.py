@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from distx_fake import deferred_init as di
 from distx_fake import fake
@@ -206,6 +207,195 @@ def _copy_into(lin: nn.Linear, t: torch.Tensor) -> nn.Linear:
     with torch.no_grad():
         lin.weight.copy_(t)
     return lin
+
+
+# --- modules whose __init__ reads values: the generator must end where eager leaves it ------------
+def _reads_item() -> nn.Module:
+    lin = nn.Linear(8, 8)
+    if lin.weight.sum().item() > 0:  # a Python branch on a value
+        nn.init.normal_(lin.weight)
+    lin.register_buffer("b", torch.randn(5) * torch.rand(1).item())
+    return lin
+
+
+def _reads_tolist_and_equal() -> nn.Module:
+    lin = nn.Linear(8, 8)
+    row = lin.weight[0].tolist()
+    lin.register_buffer("row", torch.tensor(row) + torch.randn(8))
+    if torch.equal(lin.weight, lin.weight) and (lin.bias > 0).any():
+        lin.register_buffer("c", torch.randn(20))
+    return lin
+
+
+def _value_dependent_draws() -> nn.Module:
+    # the number of draws of these ops depends on their inputs' values
+    mod = nn.Module()
+    probs = torch.rand(10)
+    mod.register_buffer("idx", torch.multinomial(probs, 5))
+    mod.register_buffer("counts", torch.poisson(torch.rand(50) * 10))
+    mod.register_buffer("noisy", F.rrelu(torch.randn(50), training=True))
+    mod.register_buffer("normal", torch.normal(torch.rand(20), 1.0))
+    mod.register_buffer("coin", torch.bernoulli(torch.rand(40)))
+    w = torch.randn(8, 8)
+    w.copy_(F.dropout(w, 0.5, training=True))
+    mod.register_buffer("w", w)
+    mod.register_buffer("after", torch.randn(17))
+    return mod
+
+
+def _data_dependent_shapes() -> nn.Module:
+    lin = nn.Linear(8, 8)
+    with torch.no_grad():
+        lin.weight[lin.weight < 0] = 0.0  # boolean-mask assignment
+    lin.register_buffer("pos", lin.bias[lin.bias > 0].clone())
+    lin.register_buffer("nz", torch.nonzero(lin.weight))
+    lin.register_buffer("u", torch.unique(torch.randint(0, 5, (20,))))
+    k = int((lin.weight > 0).sum())
+    lin.register_buffer("perm", torch.randperm(k))
+    return lin
+
+
+@pytest.mark.parametrize(
+    "build",
+    [_reads_item, _reads_tolist_and_equal, _value_dependent_draws, _data_dependent_shapes],
+    ids=lambda f: f.__name__,
+)
+def test_generator_after_deferred_init_equals_eager_when_init_reads_values(build: object) -> None:
+    torch.manual_seed(11)
+    eager = build()  # type: ignore[operator]
+    state_eager, next_eager = torch.get_rng_state(), torch.randn(7)
+    torch.manual_seed(11)
+    m = di.deferred_init(build)  # type: ignore[arg-type]
+    state_deferred, next_deferred = torch.get_rng_state(), torch.randn(7)
+    assert torch.equal(state_deferred, state_eager)
+    assert torch.equal(next_deferred, next_eager)
+    torch.manual_seed(3)  # the state at materialization time does not matter
+    di.materialize_module(m)
+    _assert_identical(eager, m)
+
+
+def test_reads_are_replayed_before_later_writes_in_any_order() -> None:
+    def build() -> nn.Module:
+        mod = nn.Module()
+        p = torch.rand(3)
+        mod.register_buffer("twice", p * 2)  # reads p before the in-place write below
+        p.mul_(5)
+        mod.register_buffer("p", p)
+        return mod
+
+    torch.manual_seed(4)
+    eager = build()
+    for first in ("p", "twice"):
+        torch.manual_seed(4)
+        m = di.deferred_init(build)
+        di.materialize_tensor(getattr(m, first))
+        di.materialize_module(m)
+        _assert_identical(eager, m)
+
+
+def test_tolist_and_numpy_of_fake_tensors_outside_deferred_init_still_raise() -> None:
+    with fake.fake_mode():
+        t = torch.ones(3)
+    with pytest.raises(fake.FakeDataError, match=r"\.tolist\(\)"):
+        t.tolist()
+    with pytest.raises(fake.FakeDataError, match=r"\.numpy\(\)"):
+        t.numpy()
+
+    def build() -> nn.Module:
+        t.tolist()  # a fake deferred_init did not record
+        return nn.Linear(1, 1)
+
+    with pytest.raises(fake.FakeDataError, match="did not record"):
+        di.deferred_init(build)
+
+
+# --- captured real tensors changed in place before materialization -----------------------------
+def _capture_copy(t: torch.Tensor) -> nn.Module:
+    lin = nn.Linear(4, 3)
+    with torch.no_grad():
+        lin.weight.copy_(t)
+    return lin
+
+
+def _capture_mul(t: torch.Tensor) -> nn.Module:
+    lin = nn.Linear(4, 3)
+    with torch.no_grad():
+        lin.weight.mul_(t)
+    return lin
+
+
+def _capture_scalar_view(t: torch.Tensor) -> nn.Module:
+    lin = nn.Linear(4, 3)
+    with torch.no_grad():
+        lin.bias.add_(t[0, 0])
+    return lin
+
+
+def _capture_then_item(t: torch.Tensor) -> nn.Module:
+    lin = nn.Linear(4, 3)
+    with torch.no_grad():
+        lin.weight.copy_(t)
+    lin.weight.sum().item()  # the copy has already been replayed once during recording
+    return lin
+
+
+def _modify_add(t: torch.Tensor) -> None:
+    t.add_(1)
+
+
+def _modify_detached(t: torch.Tensor) -> None:
+    t.detach()[0].mul_(2)
+
+
+def _modify_data(t: torch.Tensor) -> None:
+    t.data.add_(1)  # no version bump
+
+
+def _modify_numpy(t: torch.Tensor) -> None:
+    t.numpy()[0, 0] = 99.0  # no version bump
+
+
+def _modify_inference_mode(t: torch.Tensor) -> None:
+    with torch.inference_mode():
+        t.zero_()
+
+
+_CAPTURE_CASES = [
+    (b, m)
+    for b in (_capture_copy, _capture_mul, _capture_scalar_view, _capture_then_item)
+    for m in (_modify_add, _modify_detached, _modify_data, _modify_numpy, _modify_inference_mode)
+    # a value already consumed while recording gave the exact result: only a version bump shows
+    if not (b is _capture_then_item and m in (_modify_data, _modify_numpy))
+]
+
+
+@pytest.mark.parametrize(("build", "modify"), _CAPTURE_CASES, ids=lambda f: f.__name__)
+def test_every_captured_tensor_modified_in_place_fails_materialization(build: object, modify: object) -> None:
+    table = torch.arange(12.0).reshape(3, 4)
+    m = di.deferred_init(build, table)  # type: ignore[arg-type]
+    modify(table)  # type: ignore[operator]
+    with pytest.raises(
+        di.CapturedTensorModifiedError, match=r"shape \((3, 4)?\) and dtype torch.float32.*modified in place"
+    ):
+        di.materialize_module(m)
+
+
+def test_captured_tensor_changed_inside_module_fn_replays_the_value_it_had() -> None:
+    def build() -> nn.Module:
+        mod = nn.Module()
+        t = torch.tensor([1.0, 2.0, 3.0])
+        mod.register_buffer("a", torch.zeros(3))
+        mod.a.copy_(t)  # captures t
+        t.add_(1)  # a real op inside module_fn: eager copied the old values into `a`
+        mod.register_buffer("b", torch.zeros(3))
+        mod.b.copy_(t)
+        return mod
+
+    eager = build()
+    m = di.deferred_init(build)
+    di.materialize_module(m)
+    _assert_identical(eager, m)
+    assert m.a.tolist() == [1.0, 2.0, 3.0] and m.b.tolist() == [2.0, 3.0, 4.0]
 
 
 def test_materialize_onto_device_and_param_init_fn() -> None:

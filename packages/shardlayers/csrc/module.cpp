@@ -28,18 +28,12 @@ void xent_grad_cuda(uintptr_t x, uintptr_t grad, int64_t n, int64_t c, int64_t r
 
 namespace {
 
-void check_args(int64_t n, int64_t c, int64_t row_stride, uintptr_t x, uintptr_t target) {
-  distkit::check<distkit::ValueError>(n >= 0, "number of rows must be >= 0, got ", n);
-  distkit::check<distkit::ValueError>(c >= 1, "number of local classes must be >= 1, got ", c);
-  distkit::check<distkit::ValueError>(row_stride >= c, "row_stride (", row_stride, ") must be >= columns (", c, ")");
-  distkit::check<distkit::ValueError>(n == 0 || (x != 0 && target != 0), "null data pointer");
-}
-
 int64_t grain_rows(int64_t c) { return std::max<int64_t>(1, (int64_t{1} << 15) / c); }
 
 void xent_stats_cpu(uintptr_t x, int64_t n, int64_t c, int64_t row_stride, int dtype, uintptr_t target,
                     int64_t vstart, uintptr_t weight, bool want_sum, uintptr_t out) {
-  check_args(n, c, row_stride, x, target);
+  shardlayers::xent_check_args(n, c, row_stride, x, target);
+  distkit::check<distkit::ValueError>(n == 0 || out != 0, "null out pointer");
   const DType dt = distkit::dtype_from_code(dtype);
   distkit::nogil release;
   distkit::dispatch_floating(dt, [&](auto tag) {
@@ -58,7 +52,7 @@ void xent_stats_cpu(uintptr_t x, int64_t n, int64_t c, int64_t row_stride, int d
 
 void xent_grad_cpu(uintptr_t x, uintptr_t grad, int64_t n, int64_t c, int64_t row_stride, int dtype,
                    uintptr_t target, int64_t vstart, uintptr_t weight, uintptr_t coef) {
-  check_args(n, c, row_stride, x, target);
+  shardlayers::xent_check_args(n, c, row_stride, x, target);
   distkit::check<distkit::ValueError>(n == 0 || (grad != 0 && coef != 0), "null grad/coef pointer");
   const DType dt = distkit::dtype_from_code(dtype);
   distkit::nogil release;
@@ -77,6 +71,45 @@ void xent_grad_cpu(uintptr_t x, uintptr_t grad, int64_t n, int64_t c, int64_t ro
   });
 }
 
+// The CUDA kernels' algorithms (block-strided partials + tree merge; per-element gradient) run
+// on the host, single-threaded: the tests compare them with the CPU kernel on masked and ignored
+// rows, which is how the shared device code is checked on machines without a GPU.
+void xent_stats_blockwise_cpu(uintptr_t x, int64_t n, int64_t c, int64_t row_stride, int dtype, uintptr_t target,
+                              int64_t vstart, uintptr_t weight, bool want_sum, uintptr_t out) {
+  shardlayers::xent_check_args(n, c, row_stride, x, target);
+  distkit::check<distkit::ValueError>(n == 0 || out != 0, "null out pointer");
+  const DType dt = distkit::dtype_from_code(dtype);
+  distkit::nogil release;
+  distkit::dispatch_floating(dt, [&](auto tag) {
+    using T = decltype(tag);
+    using A = distkit::acc_t<T>;
+    const T* xp = distkit::ptr<const T>(x);
+    const int64_t* tp = distkit::ptr<const int64_t>(target);
+    for (int64_t r = 0; r < n; ++r)
+      shardlayers::xent_stats_row_blockwise<T, A>(xp + r * row_stride, c, tp[r], vstart,
+                                                  distkit::ptr<const A>(weight), want_sum,
+                                                  distkit::ptr<A>(out) + 4 * r, shardlayers::kStatsThreads);
+  });
+}
+
+void xent_grad_elementwise_cpu(uintptr_t x, uintptr_t grad, int64_t n, int64_t c, int64_t row_stride, int dtype,
+                               uintptr_t target, int64_t vstart, uintptr_t weight, uintptr_t coef) {
+  shardlayers::xent_check_args(n, c, row_stride, x, target);
+  distkit::check<distkit::ValueError>(n == 0 || (grad != 0 && coef != 0), "null grad/coef pointer");
+  const DType dt = distkit::dtype_from_code(dtype);
+  distkit::nogil release;
+  distkit::dispatch_floating(dt, [&](auto tag) {
+    using T = decltype(tag);
+    using A = distkit::acc_t<T>;
+    const T* xp = distkit::ptr<const T>(x);
+    const int64_t* tp = distkit::ptr<const int64_t>(target);
+    for (int64_t r = 0; r < n; ++r)
+      shardlayers::xent_grad_row_elementwise<T, A>(xp + r * row_stride, distkit::ptr<T>(grad) + r * c, c, tp[r],
+                                                   vstart, distkit::ptr<const A>(weight),
+                                                   distkit::ptr<const A>(coef) + 4 * r);
+  });
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_shardlayers, m) {
@@ -89,6 +122,13 @@ PYBIND11_MODULE(_shardlayers, m) {
   m.def("xent_grad_cpu", &xent_grad_cpu, py::arg("x"), py::arg("grad"), py::arg("n"), py::arg("c"),
         py::arg("row_stride"), py::arg("dtype"), py::arg("target"), py::arg("vstart"), py::arg("weight"),
         py::arg("coef"), "Gradient grad[n, c] (contiguous) of the cross-entropy from coef[n, 4] = (lse, cp, ct, cw).");
+  m.def("xent_stats_blockwise_cpu", &xent_stats_blockwise_cpu, py::arg("x"), py::arg("n"), py::arg("c"),
+        py::arg("row_stride"), py::arg("dtype"), py::arg("target"), py::arg("vstart"), py::arg("weight"),
+        py::arg("want_sum"), py::arg("out"), "The CUDA stats kernel's algorithm run on the host (for tests).");
+  m.def("xent_grad_elementwise_cpu", &xent_grad_elementwise_cpu, py::arg("x"), py::arg("grad"), py::arg("n"),
+        py::arg("c"), py::arg("row_stride"), py::arg("dtype"), py::arg("target"), py::arg("vstart"),
+        py::arg("weight"), py::arg("coef"), "The CUDA gradient kernel's per-element computation run on the host.");
+  m.attr("XENT_CUDA_THREADS") = shardlayers::kStatsThreads;
 #ifdef DISTKIT_WITH_CUDA
   m.def("xent_stats_cuda", &shardlayers::xent_stats_cuda, py::arg("x"), py::arg("n"), py::arg("c"),
         py::arg("row_stride"), py::arg("dtype"), py::arg("target"), py::arg("vstart"), py::arg("weight"),

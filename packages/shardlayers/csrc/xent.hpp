@@ -10,16 +10,34 @@
 //        g_j = cp * exp(x_j - lse) - cw * w_j - [j == target] * ct
 //      where lse = global log-sum-exp of the row and cp, ct, cw are per-row coefficients (0 for an
 //      ignored row) prepared by the caller.
+// The CPU kernel runs xent_stats_row / xent_grad_row over whole rows (blocked for vectorisation);
+// the CUDA kernel folds strided shares of a row with xent_partial_strided, merges them with
+// xent_partial_merge and writes with xent_partial_finish, and computes each gradient element with
+// xent_grad_elem. Those shared pieces also run on the host (module.cpp's *_blockwise_cpu entry
+// points), so the CPU tests exercise the CUDA kernel's arithmetic and reduction order.
 // Arithmetic is in acc_t<T> (float for float16/bfloat16/float32, double for float64).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
+#include "distkit/error.hpp"
 #include "distkit/half.hpp"
 #include "distkit/macros.hpp"
 
 namespace shardlayers {
+
+/// Threads of the CUDA stats kernel's block (one block per row).
+constexpr int kStatsThreads = 256;
+
+/// Argument checks shared by the CPU and CUDA entry points (run before any pointer is touched).
+inline void xent_check_args(int64_t n, int64_t c, int64_t row_stride, uintptr_t x, uintptr_t target) {
+  distkit::check<distkit::ValueError>(n >= 0, "number of rows must be >= 0, got ", n);
+  distkit::check<distkit::ValueError>(c >= 1, "number of local classes must be >= 1, got ", c);
+  distkit::check<distkit::ValueError>(row_stride >= c, "row_stride (", row_stride, ") must be >= columns (", c, ")");
+  distkit::check<distkit::ValueError>(n == 0 || (x != 0 && target != 0), "null data pointer");
+}
 
 /// exp(x) for float on the host: Cephes-style range reduction + degree-5 polynomial (about 1 ulp),
 /// branch-free so that the row loops vectorise; NaN propagates, inputs below -87 (where float
@@ -64,9 +82,12 @@ DK_INLINE A neg_inf() {
 }
 
 /// Merge the running log-sum-exp pair (m, s) with another pair (m2, s2).
+///
+/// A pair whose max is -inf (masked classes only, e.g. a padded vocabulary slice) or whose sum
+/// is 0 contributes nothing: merging it would compute exp(-inf - -inf) = NaN.
 template <class A>
 DK_INLINE void lse_merge(A& m, A& s, A m2, A s2) {
-  if (s2 == A(0)) return;
+  if (s2 == A(0) || m2 == neg_inf<A>()) return;
   if (s == A(0)) {
     m = m2;
     s = s2;
@@ -78,6 +99,49 @@ DK_INLINE void lse_merge(A& m, A& s, A m2, A s2) {
   } else {
     s = s + s2 * dk_exp<A>(m2 - m);
   }
+}
+
+/// Running statistics of a part of a row: log-sum-exp pair (m, s) and sum_j w_j x_j.
+template <class A>
+struct XentPartial {
+  A m, s, sw;
+};
+
+template <class A>
+DK_INLINE XentPartial<A> xent_partial_empty() {
+  return XentPartial<A>{neg_inf<A>(), A(0), A(0)};
+}
+
+/// Fold the columns first, first + step, ... < C of a row into one partial (one CUDA thread's
+/// share of a row; the whole row for step 1).
+template <class T, class A>
+DK_INLINE XentPartial<A> xent_partial_strided(const T* x, int64_t C, int64_t first, int64_t step, const A* w,
+                                               bool want_sum) {
+  XentPartial<A> p = xent_partial_empty<A>();
+  for (int64_t j = first; j < C; j += step) {
+    const A v = static_cast<A>(x[j]);
+    lse_merge<A>(p.m, p.s, v, A(1));
+    if (want_sum) p.sw += (w ? w[j] : A(1)) * v;
+  }
+  return p;
+}
+
+/// Combine two partials of the same row (the CUDA block's tree reduction).
+template <class A>
+DK_INLINE void xent_partial_merge(XentPartial<A>& a, const XentPartial<A>& b) {
+  lse_merge<A>(a.m, a.s, b.m, b.s);
+  a.sw += b.sw;
+}
+
+/// Write the row's statistics {max, sum exp(x - max), target logit, sum w x} from its partial.
+template <class T, class A>
+DK_INLINE void xent_partial_finish(const XentPartial<A>& p, const T* x, int64_t C, int64_t target, int64_t vstart,
+                                   A* out) {
+  const int64_t lt = target - vstart;
+  out[0] = p.s == A(0) ? neg_inf<A>() : p.m;
+  out[1] = p.s;
+  out[2] = (lt >= 0 && lt < C) ? static_cast<A>(x[lt]) : A(0);
+  out[3] = p.sw;
 }
 
 /// Local statistics of one row: out = {max, sum exp(x - max), target logit, sum_j w_j x_j}.
@@ -126,9 +190,19 @@ DK_HD void xent_stats_row(const T* x, int64_t C, int64_t target, int64_t vstart,
   out[3] = sw;
 }
 
-/// Gradient of one element: cp * exp(x - lse) - cw * w - (is_target ? ct : 0).
+/// True for a row that contributes nothing (ignored target, or zero weight and no smoothing):
+/// its gradient is exactly 0. Its lse is a placeholder, so cp * exp(x - lse) must not be
+/// evaluated (0 * exp(x) is NaN once exp(x) overflows, x > ~88 in float).
+template <class A>
+DK_INLINE bool xent_row_is_zero(A cp, A ct, A cw) {
+  return cp == A(0) && ct == A(0) && cw == A(0);
+}
+
+/// Gradient of one element: cp * exp(x - lse) - cw * w - (is_target ? ct : 0); exactly 0 for a
+/// row whose coefficients are all 0.
 template <class A>
 DK_INLINE A xent_grad_elem(A x, A lse, A cp, A ct, A cw, A w, bool is_target) {
+  if (xent_row_is_zero<A>(cp, ct, cw)) return A(0);
   A g = cp * dk_exp<A>(x - lse) - cw * w;
   return is_target ? g - ct : g;
 }
@@ -138,7 +212,7 @@ template <class T, class A>
 DK_HD void xent_grad_row(const T* x, T* g, int64_t C, int64_t target, int64_t vstart, const A* w, const A* coef) {
   const A lse = coef[0], cp = coef[1], ct = coef[2], cw = coef[3];
   const int64_t lt = target - vstart;
-  if (cp == A(0) && ct == A(0) && cw == A(0)) {
+  if (xent_row_is_zero<A>(cp, ct, cw)) {
     for (int64_t j = 0; j < C; ++j) g[j] = T(A(0));
     return;
   }
@@ -150,6 +224,27 @@ DK_HD void xent_grad_row(const T* x, T* g, int64_t C, int64_t target, int64_t vs
   if (lt >= 0 && lt < C) {
     g[lt] = T(xent_grad_elem<A>(static_cast<A>(x[lt]), lse, cp, ct, cw, w ? w[lt] : A(1), true));
   }
+}
+
+/// The CUDA stats kernel's algorithm for one row, run on the host: `threads` strided partials
+/// merged by the same tree reduction as the block (tests compare it with xent_stats_row).
+template <class T, class A>
+void xent_stats_row_blockwise(const T* x, int64_t C, int64_t target, int64_t vstart, const A* w, bool want_sum,
+                              A* out, int threads) {
+  std::vector<XentPartial<A>> parts(static_cast<size_t>(threads));
+  for (int t = 0; t < threads; ++t) parts[t] = xent_partial_strided<T, A>(x, C, t, threads, w, want_sum);
+  for (int k = threads / 2; k > 0; k >>= 1)
+    for (int t = 0; t < k; ++t) xent_partial_merge<A>(parts[t], parts[t + k]);
+  xent_partial_finish<T, A>(parts[0], x, C, target, vstart, out);
+}
+
+/// The CUDA gradient kernel's per-element computation for one row, run on the host.
+template <class T, class A>
+void xent_grad_row_elementwise(const T* x, T* g, int64_t C, int64_t target, int64_t vstart, const A* w,
+                               const A* coef) {
+  const int64_t lt = target - vstart;
+  for (int64_t j = 0; j < C; ++j)
+    g[j] = T(xent_grad_elem<A>(static_cast<A>(x[j]), coef[0], coef[1], coef[2], coef[3], w ? w[j] : A(1), j == lt));
 }
 
 }  // namespace shardlayers

@@ -3,49 +3,41 @@
 
 #include "distkit/cuda.hpp"
 #include "distkit/dtype.hpp"
+#include "distkit/error.hpp"
 #include "distkit/pybind.hpp"
 #include "xent.hpp"
 
 namespace shardlayers {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = kStatsThreads;
 
-// One block per row: every thread folds a strided share of the row into (m, s, sw), then the
-// block merges the partial results in shared memory.
+// One block per row: every thread folds a strided share of the row into a partial, then the
+// block merges the partials in shared memory (xent.hpp; xent_stats_row_blockwise replays the same
+// order on the host for the tests).
 template <class T, class A>
 __global__ void stats_kernel(const T* x, int64_t n, int64_t c, int64_t row_stride, const int64_t* target,
                              int64_t vstart, const A* w, bool want_sum, A* out) {
   __shared__ A sm[kThreads], ss[kThreads], sw[kThreads];
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const T* row = x + r * row_stride;
-    A m = neg_inf<A>(), s = 0, acc = 0;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-      A v = static_cast<A>(row[j]);
-      lse_merge<A>(m, s, v, A(1));
-      if (want_sum) acc += (w ? w[j] : A(1)) * v;
-    }
-    sm[threadIdx.x] = m;
-    ss[threadIdx.x] = s;
-    sw[threadIdx.x] = acc;
+    XentPartial<A> p = xent_partial_strided<T, A>(row, c, threadIdx.x, blockDim.x, w, want_sum);
+    sm[threadIdx.x] = p.m;
+    ss[threadIdx.x] = p.s;
+    sw[threadIdx.x] = p.sw;
     __syncthreads();
     for (int k = blockDim.x / 2; k > 0; k >>= 1) {
       if (threadIdx.x < k) {
-        A mm = sm[threadIdx.x], s2 = ss[threadIdx.x];
-        lse_merge<A>(mm, s2, sm[threadIdx.x + k], ss[threadIdx.x + k]);
-        sm[threadIdx.x] = mm;
-        ss[threadIdx.x] = s2;
-        sw[threadIdx.x] += sw[threadIdx.x + k];
+        XentPartial<A> a{sm[threadIdx.x], ss[threadIdx.x], sw[threadIdx.x]};
+        xent_partial_merge<A>(a, XentPartial<A>{sm[threadIdx.x + k], ss[threadIdx.x + k], sw[threadIdx.x + k]});
+        sm[threadIdx.x] = a.m;
+        ss[threadIdx.x] = a.s;
+        sw[threadIdx.x] = a.sw;
       }
       __syncthreads();
     }
     if (threadIdx.x == 0) {
-      const int64_t lt = target[r] - vstart;
-      A* o = out + 4 * r;
-      o[0] = ss[0] == A(0) ? neg_inf<A>() : sm[0];
-      o[1] = ss[0];
-      o[2] = (lt >= 0 && lt < c) ? static_cast<A>(row[lt]) : A(0);
-      o[3] = sw[0];
+      xent_partial_finish<T, A>(XentPartial<A>{sm[0], ss[0], sw[0]}, row, c, target[r], vstart, out + 4 * r);
     }
     __syncthreads();
   }
@@ -67,6 +59,8 @@ __global__ void grad_kernel(const T* x, T* g, int64_t n, int64_t c, int64_t row_
 
 void xent_stats_cuda(uintptr_t x, int64_t n, int64_t c, int64_t row_stride, int dtype, uintptr_t target,
                      int64_t vstart, uintptr_t weight, bool want_sum, uintptr_t out, uintptr_t stream) {
+  xent_check_args(n, c, row_stride, x, target);
+  distkit::check<distkit::ValueError>(n == 0 || out != 0, "null out pointer");
   distkit::cuda::require_device("shardlayers cross-entropy (CUDA)");
   if (n == 0) return;
   const distkit::DType dt = distkit::dtype_from_code(dtype);
@@ -84,6 +78,8 @@ void xent_stats_cuda(uintptr_t x, int64_t n, int64_t c, int64_t row_stride, int 
 
 void xent_grad_cuda(uintptr_t x, uintptr_t grad, int64_t n, int64_t c, int64_t row_stride, int dtype,
                     uintptr_t target, int64_t vstart, uintptr_t weight, uintptr_t coef, uintptr_t stream) {
+  xent_check_args(n, c, row_stride, x, target);
+  distkit::check<distkit::ValueError>(n == 0 || (grad != 0 && coef != 0), "null grad/coef pointer");
   distkit::cuda::require_device("shardlayers cross-entropy (CUDA)");
   if (n == 0) return;
   const distkit::DType dt = distkit::dtype_from_code(dtype);

@@ -55,6 +55,68 @@ def test_native_stats_and_grad_match_torch(dtype: torch.dtype, with_weight: bool
     assert torch.all(grad[3] == 0)
 
 
+def _blockwise_stats(x: torch.Tensor, target: torch.Tensor, vstart: int, w: torch.Tensor | None) -> torch.Tensor:
+    n, c = x.shape
+    out = torch.empty(n, 4, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
+    wp = 0 if w is None else w.data_ptr()
+    _shardlayers.xent_stats_blockwise_cpu(
+        x.data_ptr(), n, c, x.stride(0), code_of(x.dtype), target.data_ptr(), vstart, wp, True, out.data_ptr()
+    )
+    return out
+
+
+def _elementwise_grad(x: torch.Tensor, target: torch.Tensor, vstart: int, coef: torch.Tensor) -> torch.Tensor:
+    n, c = x.shape
+    g = torch.empty(n, c, dtype=x.dtype)
+    _shardlayers.xent_grad_elementwise_cpu(
+        x.data_ptr(), g.data_ptr(), n, c, x.stride(0), code_of(x.dtype), target.data_ptr(), vstart, 0, coef.data_ptr()
+    )
+    return g
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_cuda_algorithm_matches_cpu_kernel_on_masked_and_ignored_rows(dtype: torch.dtype) -> None:
+    """The CUDA kernels' shared per-thread / per-element code, run on the host, against the CPU kernel:
+    rows with masked (-inf) classes, a row whose classes are all masked (a padded vocabulary slice),
+    and ignored rows with logits large enough that 0 * exp(x) overflows to NaN."""
+    g = torch.Generator().manual_seed(0)
+    n, c, vstart = 9, 700, 50  # > XENT_CUDA_THREADS columns: every thread folds several, some none
+    x = (torch.randn(n, c, generator=g) * 4).to(dtype)
+    x[0, :] = float("-inf")  # all local classes masked
+    x[1, 3::2] = float("-inf")  # half masked
+    x[2, : c - 1] = float("-inf")  # one live class, in the last thread's share
+    x[3, :] = 1000.0  # ignored row: exp(1000) overflows (float64 on the host, every type on the GPU)
+    x[4, 10] = 900.0
+    target = torch.randint(vstart, vstart + c, (n,), generator=g)
+    target[3] = target[4] = -100
+    for w in (None, torch.rand(c, generator=g, dtype=torch.float64 if dtype == torch.float64 else torch.float32)):
+        ref = native_stats(x, target, vstart, w, True)
+        got = _blockwise_stats(x, target, vstart, w)
+        assert not torch.isnan(got[:, :3]).any()
+        torch.testing.assert_close(got[:, 0], ref[:, 0], rtol=0, atol=0)  # the max is exact
+        assert got[0, 0] == float("-inf") and got[0, 1] == 0  # masked row: (-inf, 0), not (-inf, NaN)
+        torch.testing.assert_close(got[:, 1:3], ref[:, 1:3], rtol=1e-5, atol=1e-6)
+        live = torch.isfinite(ref[:, 3])
+        torch.testing.assert_close(got[live, 3], ref[live, 3], rtol=1e-4, atol=1e-3)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    coef = torch.zeros(n, 4, dtype=acc)
+    coef[:, 0] = ref[:, 0] + torch.log(ref[:, 1])
+    coef[:, 1] = 0.25
+    coef[:, 2] = 0.25
+    coef[0, 0] = float("-inf")
+    coef[0, 1:] = 0  # a row with no real class contributes nothing
+    coef[3] = 0  # ignored rows: coefficients 0, lse a placeholder
+    coef[4] = 0
+    ref_g = native_grad(x, target, vstart, None, coef)
+    got_g = _elementwise_grad(x, target, vstart, coef)
+    assert not torch.isnan(got_g).any()
+    assert torch.all(got_g[[0, 3, 4]] == 0) and torch.all(ref_g[[0, 3, 4]] == 0)
+    live = [1, 2, 5, 6, 7, 8]
+    torch.testing.assert_close(
+        got_g[live].to(acc), ref_g[live].to(acc), rtol=2e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-6
+    )
+
+
 def test_native_bad_input() -> None:
     x = torch.zeros(2, 3)
     t = torch.zeros(2, dtype=torch.int64)
@@ -67,8 +129,24 @@ def test_native_bad_input() -> None:
         )
     with pytest.raises(ValueError, match="null"):
         _shardlayers.xent_stats_cpu(0, 2, 3, 3, code_of(x.dtype), t.data_ptr(), 0, 0, False, out.data_ptr())
-    with pytest.raises(RuntimeError, match="CUDA"):
-        _shardlayers.xent_stats_cuda(x.data_ptr(), 2, 3, 3, 2, t.data_ptr(), 0, 0, False, out.data_ptr(), 0)
+    with pytest.raises(ValueError, match="null out"):
+        _shardlayers.xent_stats_cpu(x.data_ptr(), 2, 3, 3, code_of(x.dtype), t.data_ptr(), 0, 0, False, 0)
+    # The CUDA entry points validate their arguments before touching any pointer, so the host
+    # pointers below are never dereferenced, on machines with or without a GPU.
+    if _shardlayers.cuda_compiled():
+        with pytest.raises(ValueError, match="columns"):
+            _shardlayers.xent_stats_cuda(x.data_ptr(), 2, 3, 2, 2, t.data_ptr(), 0, 0, False, out.data_ptr(), 0)
+        with pytest.raises(ValueError, match="null"):
+            _shardlayers.xent_grad_cuda(x.data_ptr(), 0, 2, 3, 3, 2, t.data_ptr(), 0, 0, 0, 0)
+    if not torch.cuda.is_available():  # valid arguments: only where no GPU could run the kernel
+        with pytest.raises(RuntimeError, match="CUDA"):
+            _shardlayers.xent_stats_cuda(x.data_ptr(), 2, 3, 3, 2, t.data_ptr(), 0, 0, False, out.data_ptr(), 0)
+
+
+def test_target_device_must_match_logits() -> None:
+    logits = ts.nn.RegisterParallelDim(-1)(torch.randn(3, 4))
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        ts.nn.functional.parallel_cross_entropy(logits, torch.zeros(3, dtype=torch.int64, device="meta"))
 
 
 def test_slice() -> None:
@@ -77,7 +155,7 @@ def test_slice() -> None:
     assert a.shape == b.shape == (3, 5)
     assert torch.equal(torch.cat([a, b], -1), x)
     parts = ts.slice(x, 3, dim=1, contiguous=True, uneven=True)
-    assert [p.shape[1] for p in parts] == [4, 3, 3] and all(p.is_contiguous() for p in parts)
+    assert [p.shape[1] for p in parts] == [4, 4, 2] and all(p.is_contiguous() for p in parts)  # as torch.chunk
     assert ts.slice(x, 2, dim=None) == (x, x)
     with pytest.raises(ValueError, match="not divisible"):
         ts.slice(x, 3, dim=-1)

@@ -11,7 +11,7 @@ from distkit_common.testing import run_spawn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from workers import layers, training
+from scripts import layers, training
 
 
 @pytest.mark.spawn

@@ -1,7 +1,10 @@
-// cuda_ops.cu - GPU paths of wholemem: row ops over device chunk tables (the
-// kernels of distkit/rows_cuda.cuh, i.e. the same per-element code as the CPU),
-// the sparse optimizer kernel (optim.hpp) and CUDA IPC helpers for sharing
-// device allocations between the processes of one node.
+// cuda_ops.cu - GPU paths of wholemem: row ops over device chunk tables (the window
+// element functions of window.hpp, i.e. the same per-element code as the CPU), the
+// sparse optimizer kernel (optim.hpp) and the CUDA runtime helpers for sharing device
+// allocations between the processes of one node.
+//
+// Every entry point makes its device current for the call (DeviceGuard) and restores
+// the caller's device: torch keeps its own notion of the current device.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -11,66 +14,132 @@
 #include "distkit/cuda.hpp"
 #include "distkit/rows_cuda.cuh"
 #include "native.hpp"
+#include "window.hpp"
 
 namespace wholemem {
 namespace cuda {
 
 namespace dc = distkit::cuda;
 using distkit::DType;
+using dc::DeviceGuard;
 
 int device_count() { return dc::device_count(); }
 
 namespace {
 
-/// Makes `device` current for its scope and restores the caller's device (torch keeps
-/// its own notion of the current device; never change it behind its back).
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    dc::check(cudaGetDevice(&prev_), "cudaGetDevice");
-    if (device >= 0 && device != prev_) {
-      dc::check(cudaSetDevice(device), "cudaSetDevice");
-      switched_ = true;
-    }
-  }
-  ~DeviceGuard() {
-    if (switched_) cudaSetDevice(prev_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int prev_ = 0;
-  bool switched_ = false;
+/// Elements moved as raw words of their size (gather / scatter need no arithmetic).
+struct Words16 {
+  uint64_t lo, hi;
 };
 
+/// Where a table's error word lives: right after its chunk array.
+unsigned long long* error_word(uintptr_t dev_chunks, size_t nchunks) {
+  return reinterpret_cast<unsigned long long*>(dev_chunks + std::max<size_t>(nchunks, 1) * sizeof(uintptr_t));
+}
+
 template <class T, class I>
-void run_rows(RowOp op, const TableDesc& d, uintptr_t dev_chunks, uintptr_t idx, int64_t n, uintptr_t data,
-              float alpha, cudaStream_t s) {
-  // the kernel gets the table by value; its chunk array lives on the device
-  distkit::RowTable<T> t{reinterpret_cast<T* const*>(dev_chunks), d.rows_per_chunk, d.nrows, d.ncols, d.row_stride, d.col_stride};
-  const I* ix = reinterpret_cast<const I*>(idx);
-  T* p = reinterpret_cast<T*>(data);
-  switch (op) {
-    case RowOp::Gather: dc::gather_rows(t, ix, n, p, s); break;
-    case RowOp::Scatter: dc::scatter_rows(t, ix, n, static_cast<const T*>(p), s); break;
-    case RowOp::ScatterAdd:
-      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-        dc::scatter_add_rows(t, ix, n, static_cast<const T*>(p), alpha, s);
-      } else {
-        throw distkit::TypeError("CUDA scatter-add supports float32 and float64 only");
-      }
-      break;
+__global__ void gather_kernel(RowWindow<T> w, const I* idx, int64_t n, T* out, unsigned long long* err) {
+  const int64_t total = n * w.ncols;
+  for (int64_t f = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; f < total; f += int64_t(gridDim.x) * blockDim.x)
+    if (!window_gather(w, idx, out, f)) atomicMin(err, static_cast<unsigned long long>(f / w.ncols));
+}
+
+template <class T, class I>
+__global__ void scatter_kernel(RowWindow<T> w, const I* idx, int64_t n, const T* vals, unsigned long long* err) {
+  const int64_t total = n * w.ncols;
+  for (int64_t f = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; f < total; f += int64_t(gridDim.x) * blockDim.x)
+    if (!window_scatter(w, idx, vals, f)) atomicMin(err, static_cast<unsigned long long>(f / w.ncols));
+}
+
+template <class T, class I>
+__global__ void scatter_add_kernel(RowWindow<T> w, const I* idx, int64_t n, const T* vals, float alpha,
+                                   unsigned long long* err) {
+  const int64_t total = n * w.ncols;
+  for (int64_t f = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; f < total; f += int64_t(gridDim.x) * blockDim.x) {
+    int64_t i, j;
+    distkit::split_flat(f, w.ncols, i, j);
+    const int64_t r = static_cast<int64_t>(idx[i]);
+    if (w.valid(r)) {
+      dc::atomic_add_scaled(&w.at(r, j), vals[f], alpha);
+    } else {
+      atomicMin(err, static_cast<unsigned long long>(i));
+    }
   }
 }
 
+template <class T, class I>
+void launch_rows(RowOp op, const TableDesc& d, uintptr_t dev_chunks, const Window& win, uintptr_t idx, int64_t n,
+                 uintptr_t data, float alpha, cudaStream_t s) {
+  distkit::RowTable<T> base{reinterpret_cast<T* const*>(dev_chunks), d.rows_per_chunk, d.nrows, d.ncols,
+                            d.row_stride, d.col_stride};
+  const RowWindow<T> w{base, win.row0, win.col0, win.nrows, win.ncols};
+  const I* ix = reinterpret_cast<const I*>(idx);
+  T* p = reinterpret_cast<T*>(data);
+  unsigned long long* err = error_word(dev_chunks, d.chunks.size());
+  const auto cfg = dc::launch_config(n * win.ncols);
+  switch (op) {
+    case RowOp::Gather: gather_kernel<<<cfg.blocks, cfg.threads, 0, s>>>(w, ix, n, p, err); break;
+    case RowOp::Scatter: scatter_kernel<<<cfg.blocks, cfg.threads, 0, s>>>(w, ix, n, p, err); break;
+    case RowOp::ScatterAdd:
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+        scatter_add_kernel<<<cfg.blocks, cfg.threads, 0, s>>>(w, ix, n, p, alpha, err);
+      }
+      break;
+  }
+  dc::check(cudaGetLastError(), "wholemem row kernel launch");
+}
+
 template <class T>
-void rows_typed(RowOp op, const TableDesc& d, uintptr_t dev_chunks, uintptr_t idx, bool idx64, int64_t n,
-                uintptr_t data, float alpha, cudaStream_t s) {
+void launch_typed(RowOp op, const TableDesc& d, uintptr_t dev_chunks, const Window& w, uintptr_t idx, bool idx64,
+                  int64_t n, uintptr_t data, float alpha, cudaStream_t s) {
   if (idx64) {
-    run_rows<T, int64_t>(op, d, dev_chunks, idx, n, data, alpha, s);
+    launch_rows<T, int64_t>(op, d, dev_chunks, w, idx, n, data, alpha, s);
   } else {
-    run_rows<T, int32_t>(op, d, dev_chunks, idx, n, data, alpha, s);
+    launch_rows<T, int32_t>(op, d, dev_chunks, w, idx, n, data, alpha, s);
+  }
+}
+
+/// The first bad index, and whether kernels saw one since the last check (`sticky`, the
+/// table's error word, or null): one small kernel and one synchronisation of `s`.
+template <class I>
+void validate(const I* idx, int64_t n, int64_t nrows, unsigned long long* sticky, cudaStream_t s) {
+  dc::StreamBuffer words(2 * sizeof(unsigned long long), s);
+  auto* w = words.as<unsigned long long>();
+  dc::check(cudaMemsetAsync(w, 0xFF, sizeof(unsigned long long), s), "cudaMemsetAsync");
+  if (n > 0) {
+    const auto cfg = dc::launch_config(n);
+    dc::first_bad_index_kernel<<<cfg.blocks, cfg.threads, 0, s>>>(idx, n, nrows, w);
+    dc::check(cudaGetLastError(), "first_bad_index_kernel launch");
+  }
+  if (sticky != nullptr) {
+    dc::check(cudaMemcpyAsync(w + 1, sticky, sizeof(unsigned long long), cudaMemcpyDeviceToDevice, s),
+              "cudaMemcpyAsync");
+  } else {
+    dc::check(cudaMemsetAsync(w + 1, 0xFF, sizeof(unsigned long long), s), "cudaMemsetAsync");
+  }
+  unsigned long long host[2] = {dc::kNoBadIndex, dc::kNoBadIndex};
+  dc::check(cudaMemcpyAsync(host, w, sizeof(host), cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
+  dc::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  if (host[1] != dc::kNoBadIndex) {
+    dc::check(cudaMemsetAsync(sticky, 0xFF, sizeof(unsigned long long), s), "cudaMemsetAsync");
+    throw distkit::IndexError(distkit::str(
+        "an index outside the tensor's ", nrows, " rows reached a wholemem kernel inside CUDA graph capture or "
+        "replay (position ", host[1], " of that call); it was skipped (gather wrote zeros, scatter wrote nothing)"));
+  }
+  if (host[0] != dc::kNoBadIndex) {
+    I v{};
+    dc::check(cudaMemcpyAsync(&v, idx + host[0], sizeof(I), cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
+    dc::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    throw distkit::IndexError(distkit::str("index ", static_cast<int64_t>(v), " at position ", host[0],
+                                           " is out of range for ", nrows, " rows"));
+  }
+}
+
+void validate_any(uintptr_t idx, bool idx64, int64_t n, int64_t nrows, unsigned long long* sticky, cudaStream_t s) {
+  if (idx64) {
+    validate(reinterpret_cast<const int64_t*>(idx), n, nrows, sticky, s);
+  } else {
+    validate(reinterpret_cast<const int32_t*>(idx), n, nrows, sticky, s);
   }
 }
 
@@ -95,11 +164,13 @@ __global__ void optim_rows_kernel(OptParams p, const int64_t* idx, int64_t n, A*
 uintptr_t upload_chunks(const std::vector<uintptr_t>& chunks, int device) {
   dc::require_device("a wholemem device chunk table");
   DeviceGuard g(device);
-  const size_t bytes = std::max<size_t>(chunks.size(), 1) * sizeof(uintptr_t);
+  const size_t table_bytes = std::max<size_t>(chunks.size(), 1) * sizeof(uintptr_t);
   void* p = nullptr;
-  dc::check(cudaMalloc(&p, bytes), "cudaMalloc(chunk table)");
-  // synchronous copy from pageable memory: the table is complete before any kernel reads it
-  const cudaError_t rc = cudaMemcpy(p, chunks.data(), chunks.size() * sizeof(uintptr_t), cudaMemcpyHostToDevice);
+  dc::check(cudaMalloc(&p, table_bytes + sizeof(unsigned long long)), "cudaMalloc(chunk table)");
+  // synchronous copies: the table is complete before any kernel on any stream reads it
+  cudaError_t rc = cudaMemcpy(p, chunks.data(), chunks.size() * sizeof(uintptr_t), cudaMemcpyHostToDevice);
+  if (rc == cudaSuccess) rc = cudaMemset(static_cast<char*>(p) + table_bytes, 0xFF, sizeof(unsigned long long));
+  if (rc == cudaSuccess) rc = cudaDeviceSynchronize();
   if (rc != cudaSuccess) {
     cudaFree(p);
     dc::check(rc, "cudaMemcpy(chunk table)");
@@ -107,7 +178,7 @@ uintptr_t upload_chunks(const std::vector<uintptr_t>& chunks, int device) {
   return reinterpret_cast<uintptr_t>(p);
 }
 
-void free_chunks(uintptr_t dev_chunks, int device) noexcept {
+void free_chunks(uintptr_t dev_chunks, size_t, int device) noexcept {
   if (dev_chunks == 0) return;
   int prev = 0;
   if (cudaGetDevice(&prev) != cudaSuccess) {
@@ -121,27 +192,44 @@ void free_chunks(uintptr_t dev_chunks, int device) noexcept {
   if (device >= 0 && device != prev) cudaSetDevice(prev);
 }
 
-void row_op(RowOp op, const TableDesc& d, uintptr_t dev_chunks, int device, uintptr_t idx, bool idx64, int64_t n,
-            uintptr_t data, float alpha, uintptr_t stream) {
+void row_op(RowOp op, const TableDesc& d, uintptr_t dev_chunks, int device, const Window& w, uintptr_t idx, bool idx64,
+            int64_t n, uintptr_t data, float alpha, uintptr_t stream) {
   dc::require_device("wholemem CUDA row operation");
   distkit::check(dev_chunks != 0, "the device chunk table is missing");
-  if (n == 0 || d.ncols == 0) return;
+  if (op == RowOp::ScatterAdd && d.dtype != DType::Float32 && d.dtype != DType::Float64) {
+    throw distkit::TypeError(
+        distkit::str("CUDA scatter-add supports float32 and float64 only, got ", distkit::dtype_name(d.dtype)));
+  }
+  if (n == 0) return;
   DeviceGuard g(device);  // the stream belongs to `device`
   cudaStream_t s = dc::stream_from_int(stream);
-  // 16-bit floats are moved as raw 16-bit words (gather / scatter need no arithmetic).
+  // Inside graph capture nothing may synchronise: the kernels skip bad indices and record
+  // them in the table's error word, reported by the next validated call on this table.
+  if (!dc::stream_capturing(s)) validate_any(idx, idx64, n, w.nrows, error_word(dev_chunks, d.chunks.size()), s);
+  if (w.ncols == 0) return;
   switch (d.dtype) {
-    case DType::Float32: rows_typed<float>(op, d, dev_chunks, idx, idx64, n, data, alpha, s); break;
-    case DType::Float64: rows_typed<double>(op, d, dev_chunks, idx, idx64, n, data, alpha, s); break;
-    case DType::Float16:
-    case DType::BFloat16:
-    case DType::Int16: rows_typed<uint16_t>(op, d, dev_chunks, idx, idx64, n, data, alpha, s); break;
-    case DType::Int32: rows_typed<int32_t>(op, d, dev_chunks, idx, idx64, n, data, alpha, s); break;
-    case DType::Int64: rows_typed<int64_t>(op, d, dev_chunks, idx, idx64, n, data, alpha, s); break;
-    case DType::Int8:
-    case DType::UInt8:
-    case DType::Bool: rows_typed<uint8_t>(op, d, dev_chunks, idx, idx64, n, data, alpha, s); break;
-    default: throw distkit::TypeError(distkit::str("CUDA row ops do not support ", distkit::dtype_name(d.dtype)));
+    case DType::Float32: launch_typed<float>(op, d, dev_chunks, w, idx, idx64, n, data, alpha, s); break;
+    case DType::Float64: launch_typed<double>(op, d, dev_chunks, w, idx, idx64, n, data, alpha, s); break;
+    default:
+      switch (distkit::itemsize(d.dtype)) {
+        case 1: launch_typed<uint8_t>(op, d, dev_chunks, w, idx, idx64, n, data, alpha, s); break;
+        case 2: launch_typed<uint16_t>(op, d, dev_chunks, w, idx, idx64, n, data, alpha, s); break;
+        case 4: launch_typed<uint32_t>(op, d, dev_chunks, w, idx, idx64, n, data, alpha, s); break;
+        case 8: launch_typed<uint64_t>(op, d, dev_chunks, w, idx, idx64, n, data, alpha, s); break;
+        case 16: launch_typed<Words16>(op, d, dev_chunks, w, idx, idx64, n, data, alpha, s); break;
+        default:
+          throw distkit::TypeError(distkit::str("CUDA row ops do not support ", distkit::dtype_name(d.dtype)));
+      }
   }
+}
+
+void check_indices(uintptr_t idx, bool idx64, int64_t n, int64_t nrows, int device, uintptr_t stream) {
+  dc::require_device("wholemem CUDA index check");
+  if (n == 0) return;
+  DeviceGuard g(device);
+  cudaStream_t s = dc::stream_from_int(stream);
+  if (dc::stream_capturing(s)) return;  // documented: torch's own kernels check during capture
+  validate_any(idx, idx64, n, nrows, nullptr, s);
 }
 
 void optim_update(const OptParams& p, const TableDesc& w, int device, uintptr_t idx, int64_t n, uintptr_t grad,
@@ -199,6 +287,12 @@ void device_free(uintptr_t ptr, int device) {
   dc::check(cudaFree(reinterpret_cast<void*>(ptr)), "cudaFree");
 }
 
+void device_synchronize(int device) {
+  dc::require_device("device_synchronize");
+  DeviceGuard g(device);
+  dc::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
 std::string ipc_get_handle(uintptr_t dev_ptr) {
   dc::require_device("CUDA IPC");
   cudaIpcMemHandle_t h;
@@ -212,14 +306,15 @@ uintptr_t ipc_open_handle(const std::string& handle, int device) {
                  " bytes, got ", handle.size());
   cudaIpcMemHandle_t h;
   std::memcpy(&h, handle.data(), sizeof(h));
-  DeviceGuard g(device);  // the mapping belongs to `device`'s context
+  DeviceGuard g(device);  // the mapping belongs to `device`'s context: its kernels read it
   void* p = nullptr;
   dc::check(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
   return reinterpret_cast<uintptr_t>(p);
 }
 
-void ipc_close_handle(uintptr_t dev_ptr) {
+void ipc_close_handle(uintptr_t dev_ptr, int device) {
   dc::require_device("CUDA IPC");
+  DeviceGuard g(device);  // close in the context that opened it
   dc::check(cudaIpcCloseMemHandle(reinterpret_cast<void*>(dev_ptr)), "cudaIpcCloseMemHandle");
 }
 

@@ -2,10 +2,13 @@
 //
 // - Segment: an owner-only POSIX shared-memory segment (distkit::ShmSegment)
 //   exposed through the buffer protocol.
-// - Table: a row table over one or more chunks (raw addresses; one chunk for a
-//   HOST tensor or a private part, one per rank for a CHUNKED tensor) with
-//   threaded gather / scatter / scatter-add that release the GIL.
+// - Table: the row table of a whole tensor over one or more chunks (raw addresses;
+//   one chunk for a HOST tensor or a private part, one per rank for a CHUNKED tensor),
+//   built once; gather / scatter / scatter-add on any window of it (a sub-tensor),
+//   threaded on the CPU, CUDA kernels for a device table; the GIL is released.
 // - optim_update: sparse SGD / Adagrad / LazyAdam / RMSProp row updates.
+// - bytes_as_dlpack: raw memory as a torch tensor on a chosen device (dlpack_bytes.hpp).
+// - atomic_add_i64: reference counts in node-shared memory (device chunk lifetimes).
 // No libtorch: Python passes addresses (tensor.data_ptr()), sizes and dtype codes.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -20,8 +23,10 @@
 #include "distkit/pybind.hpp"
 #include "distkit/rows_cpu.hpp"
 #include "distkit/shm.hpp"
+#include "dlpack_bytes.hpp"
 #include "native.hpp"
 #include "optim.hpp"
+#include "window.hpp"
 
 namespace py = pybind11;
 using distkit::check;
@@ -36,21 +41,61 @@ class PySegment {
   distkit::ShmSegment seg;
 };
 
-/// Contiguous-row gather with software prefetch of the rows a few iterations ahead:
-/// a random-row gather is bound by memory latency, which the hardware prefetcher
-/// cannot hide because the next row address is data dependent.
+// The CPU drivers below are distkit/rows_cpu.hpp's, over a RowWindow instead of a
+// RowTable: a sub-tensor's first row is not a chunk boundary, so a view cannot be
+// described as a RowTable without copying the chunk array (see window.hpp).
+
+/// Row gather with software prefetch of the rows a few iterations ahead: a random-row
+/// gather is bound by memory latency, which the hardware prefetcher cannot hide because
+/// the next row address is data dependent.
 template <class T, class I>
-void gather_rows_prefetch(const distkit::RowTable<T>& t, const I* idx, int64_t n, T* out) {
+void gather_rows(const RowWindow<T>& w, const I* idx, int64_t n, T* out) {
   constexpr int64_t kAhead = 8;
-  const int64_t nc = t.ncols;
+  const int64_t nc = w.ncols;
   const size_t bytes = static_cast<size_t>(nc) * sizeof(T);
   distkit::parallel_for(0, n, distkit::row_grain(static_cast<int64_t>(bytes)), [&](int64_t lo, int64_t hi) {
+    if (!w.contiguous_rows()) {
+      for (int64_t f = lo * nc; f < hi * nc; ++f) window_gather(w, idx, out, f);
+      return;
+    }
     for (int64_t i = lo; i < hi; ++i) {
       if (i + kAhead < hi) {
-        const char* r = reinterpret_cast<const char*>(t.row(static_cast<int64_t>(idx[i + kAhead])));
+        const char* r = reinterpret_cast<const char*>(w.row(static_cast<int64_t>(idx[i + kAhead])));
         for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(r + b, 0, 0);
       }
-      std::memcpy(out + i * nc, t.row(static_cast<int64_t>(idx[i])), bytes);
+      std::memcpy(out + i * nc, w.row(static_cast<int64_t>(idx[i])), bytes);
+    }
+  });
+}
+
+/// Column ranges per thread when indices may repeat, so "the last one wins" (scatter) and
+/// "in index order" (scatter-add) hold whatever the thread count.
+inline int64_t column_grain(int64_t n) { return std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)); }
+
+/// window[idx[i], :] = vals[i, :]; with duplicate indices the last write wins.
+template <class T, class I>
+void scatter_rows(const RowWindow<T>& w, const I* idx, int64_t n, const T* vals) {
+  const int64_t nc = w.ncols;
+  distkit::parallel_for(0, nc, column_grain(n), [&](int64_t c0, int64_t c1) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = static_cast<int64_t>(idx[i]);
+      if (w.contiguous_rows()) {
+        std::memcpy(w.row(r) + c0, vals + i * nc + c0, (c1 - c0) * sizeof(T));
+      } else {
+        for (int64_t j = c0; j < c1; ++j) w.at(r, j) = vals[i * nc + j];
+      }
+    }
+  });
+}
+
+/// window[idx[i], :] += alpha * vals[i, :]; duplicates accumulate in index order.
+template <class T, class I>
+void scatter_add_rows(const RowWindow<T>& w, const I* idx, int64_t n, const T* vals, float alpha) {
+  const int64_t nc = w.ncols;
+  distkit::parallel_for(0, nc, column_grain(n), [&](int64_t c0, int64_t c1) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = static_cast<int64_t>(idx[i]);
+      for (int64_t j = c0; j < c1; ++j) distkit::add_scaled(w.at(r, j), vals[i * nc + j], alpha);
     }
   });
 }
@@ -70,6 +115,10 @@ void check_index_range(const I* idx, int64_t n, int64_t nrows) {
   }
 }
 
+/// The row table of a whole wholemem tensor, built once when the tensor is made; every
+/// view of the tensor runs its ops on it through a Window (see window.hpp). A device
+/// table uploads its chunk addresses once (the only synchronising CUDA call), so ops
+/// allocate nothing and can be captured into CUDA graphs.
 class Table {
  public:
   Table(std::vector<uintptr_t> chunks, int64_t rows_per_chunk, int64_t nrows, int64_t ncols, int64_t row_stride,
@@ -91,7 +140,7 @@ class Table {
 #ifdef DISTKIT_WITH_CUDA
     if (on_device_) {
       check(device >= 0, "a device table needs a CUDA device index, got ", device);
-      dev_chunks_ = cuda::upload_chunks(d_.chunks, device);  // the device chunk table, freed in ~Table
+      dev_chunks_ = cuda::upload_chunks(d_.chunks, device);  // freed in ~Table
     }
 #else
     check<distkit::Error>(!on_device, "this build of wholemem has no CUDA support (built without nvcc)");
@@ -99,20 +148,33 @@ class Table {
   }
   ~Table() {
 #ifdef DISTKIT_WITH_CUDA
-    cuda::free_chunks(dev_chunks_, device_);
+    cuda::free_chunks(dev_chunks_, d_.chunks.size(), device_);
 #endif
   }
   Table(const Table&) = delete;
   Table& operator=(const Table&) = delete;
 
-  void op(RowOp op, uintptr_t idx, bool idx64, int64_t n, uintptr_t data, float alpha, uintptr_t stream) const {
+  /// The window rows [row0, row0 + nrows) x columns [col0, col0 + ncols); a negative
+  /// count means "to the end of the table".
+  Window window(int64_t row0, int64_t nrows, int64_t col0, int64_t ncols) const {
+    if (nrows < 0) nrows = d_.nrows - row0;
+    if (ncols < 0) ncols = d_.ncols - col0;
+    check(row0 >= 0 && nrows >= 0 && row0 + nrows <= d_.nrows, "row window [", row0, ", ", row0 + nrows,
+          ") is outside the table's ", d_.nrows, " rows");
+    check(col0 >= 0 && ncols >= 0 && col0 + ncols <= d_.ncols, "column window [", col0, ", ", col0 + ncols,
+          ") is outside the table's ", d_.ncols, " columns");
+    return Window{row0, col0, nrows, ncols};
+  }
+
+  void op(RowOp op, const Window& w, uintptr_t idx, bool idx64, int64_t n, uintptr_t data, float alpha,
+          uintptr_t stream) const {
     check(n >= 0, "negative number of indices ", n);
     if (n == 0) return;
     check(data != 0 && idx != 0, "null data or index pointer");
     if (on_device_) {
 #ifdef DISTKIT_WITH_CUDA
       py::gil_scoped_release release;
-      cuda::row_op(op, d_, dev_chunks_, device_, idx, idx64, n, data, alpha, stream);
+      cuda::row_op(op, d_, dev_chunks_, device_, w, idx, idx64, n, data, alpha, stream);
       return;
 #endif
     }
@@ -120,9 +182,9 @@ class Table {
     distkit::dispatch(d_.dtype, [&](auto tag) {
       using T = decltype(tag);
       if (idx64) {
-        run<T, int64_t>(op, reinterpret_cast<const int64_t*>(idx), n, data, alpha);
+        run<T, int64_t>(op, w, reinterpret_cast<const int64_t*>(idx), n, data, alpha);
       } else {
-        run<T, int32_t>(op, reinterpret_cast<const int32_t*>(idx), n, data, alpha);
+        run<T, int32_t>(op, w, reinterpret_cast<const int32_t*>(idx), n, data, alpha);
       }
     });
   }
@@ -133,29 +195,26 @@ class Table {
 
  private:
   template <class T, class I>
-  void run(RowOp op, const I* idx, int64_t n, uintptr_t data, float alpha) const {
-    check_index_range(idx, n, d_.nrows);
+  void run(RowOp op, const Window& win, const I* idx, int64_t n, uintptr_t data, float alpha) const {
+    check_index_range(idx, n, win.nrows);
+    if (win.ncols == 0) return;
     std::vector<T*> chunks(d_.chunks.size());
     for (size_t i = 0; i < chunks.size(); ++i) chunks[i] = reinterpret_cast<T*>(d_.chunks[i]);
-    distkit::RowTable<T> t{chunks.data(), d_.rows_per_chunk, d_.nrows, d_.ncols, d_.row_stride, d_.col_stride};
+    const distkit::RowTable<T> base{chunks.data(), d_.rows_per_chunk, d_.nrows, d_.ncols, d_.row_stride,
+                                    d_.col_stride};
+    const RowWindow<T> w{base, win.row0, win.col0, win.nrows, win.ncols};
     T* p = reinterpret_cast<T*>(data);
     switch (op) {
-      case RowOp::Gather:
-        if (t.contiguous_rows()) {
-          gather_rows_prefetch(t, idx, n, p);
-        } else {
-          distkit::gather_rows_cpu(t, idx, n, p);
-        }
-        break;
-      case RowOp::Scatter: distkit::scatter_rows_cpu(t, idx, n, static_cast<const T*>(p)); break;
-      case RowOp::ScatterAdd: distkit::scatter_add_rows_cpu(t, idx, n, static_cast<const T*>(p), alpha); break;
+      case RowOp::Gather: gather_rows(w, idx, n, p); break;
+      case RowOp::Scatter: scatter_rows(w, idx, n, static_cast<const T*>(p)); break;
+      case RowOp::ScatterAdd: scatter_add_rows(w, idx, n, static_cast<const T*>(p), alpha); break;
     }
   }
 
   TableDesc d_;
   bool on_device_ = false;
   int device_ = -1;
-  uintptr_t dev_chunks_ = 0;  // device copy of d_.chunks (device tables only)
+  uintptr_t dev_chunks_ = 0;  // device copy of d_.chunks and the error word (device tables only)
 };
 
 void optim_update(int kind, const Table& table, uintptr_t idx, int64_t n, uintptr_t grad, uintptr_t s0, uintptr_t s1,
@@ -235,6 +294,20 @@ PYBIND11_MODULE(_wholemem, m) {
       py::arg("idx"), py::arg("idx64"), py::arg("n"), py::arg("nrows"),
       "IndexError naming the first of n indices outside [0, nrows).");
   m.def("random_token", &distkit::random_token, py::arg("nbytes") = 16, "Hex token of nbytes random bytes.");
+  m.def(
+      "atomic_add_i64",
+      [](uintptr_t addr, int64_t delta) {
+        check(addr != 0 && addr % alignof(int64_t) == 0, "atomic_add_i64 needs an aligned, non-null address");
+        return __atomic_add_fetch(reinterpret_cast<int64_t*>(addr), delta, __ATOMIC_ACQ_REL);
+      },
+      py::arg("addr"), py::arg("delta"),
+      "Atomically add delta to the int64 at addr (e.g. in shared memory) and return the new value.");
+  m.def("bytes_as_dlpack", &dlpack::bytes_capsule, py::arg("ptr"), py::arg("nbytes"), py::arg("device_type"),
+        py::arg("device_id"), py::arg("owner"),
+        "A DLPack capsule of nbytes uint8 at ptr on (device_type: 1 CPU, 2 CUDA; device_id), keeping owner "
+        "alive until the consumer frees it (torch.from_dlpack).");
+  m.attr("DLPACK_CPU") = dlpack::kDLCPU;
+  m.attr("DLPACK_CUDA") = dlpack::kDLCUDA;
 
   py::class_<PySegment>(m, "Segment", py::buffer_protocol())
       .def_static(
@@ -265,25 +338,32 @@ PYBIND11_MODULE(_wholemem, m) {
            "device) and ops run CUDA kernels on `device`.")
       .def(
           "gather",
-          [](const Table& t, uintptr_t idx, bool idx64, int64_t n, uintptr_t out, uintptr_t stream) {
-            t.op(RowOp::Gather, idx, idx64, n, out, 1.0f, stream);
+          [](const Table& t, uintptr_t idx, bool idx64, int64_t n, uintptr_t out, uintptr_t stream, int64_t row0,
+             int64_t nrows, int64_t col0, int64_t ncols) {
+            t.op(RowOp::Gather, t.window(row0, nrows, col0, ncols), idx, idx64, n, out, 1.0f, stream);
           },
-          py::arg("idx"), py::arg("idx64"), py::arg("n"), py::arg("out"), py::arg("stream") = 0,
-          "out[i, :] = table[idx[i], :] (out contiguous [n, ncols]).")
+          py::arg("idx"), py::arg("idx64"), py::arg("n"), py::arg("out"), py::arg("stream") = 0, py::kw_only(),
+          py::arg("row0") = 0, py::arg("nrows") = -1, py::arg("col0") = 0, py::arg("ncols") = -1,
+          "out[i, :] = window[idx[i], :] (out contiguous [n, ncols]); the window is rows [row0, row0 + nrows) "
+          "and columns [col0, col0 + ncols) of the table (-1: to the end), indices relative to row0.")
       .def(
           "scatter",
-          [](const Table& t, uintptr_t idx, bool idx64, int64_t n, uintptr_t vals, uintptr_t stream) {
-            t.op(RowOp::Scatter, idx, idx64, n, vals, 1.0f, stream);
+          [](const Table& t, uintptr_t idx, bool idx64, int64_t n, uintptr_t vals, uintptr_t stream, int64_t row0,
+             int64_t nrows, int64_t col0, int64_t ncols) {
+            t.op(RowOp::Scatter, t.window(row0, nrows, col0, ncols), idx, idx64, n, vals, 1.0f, stream);
           },
-          py::arg("idx"), py::arg("idx64"), py::arg("n"), py::arg("values"), py::arg("stream") = 0,
-          "table[idx[i], :] = values[i, :] (last duplicate wins).")
+          py::arg("idx"), py::arg("idx64"), py::arg("n"), py::arg("values"), py::arg("stream") = 0, py::kw_only(),
+          py::arg("row0") = 0, py::arg("nrows") = -1, py::arg("col0") = 0, py::arg("ncols") = -1,
+          "window[idx[i], :] = values[i, :] (last duplicate wins).")
       .def(
           "scatter_add",
-          [](const Table& t, uintptr_t idx, bool idx64, int64_t n, uintptr_t vals, float alpha, uintptr_t stream) {
-            t.op(RowOp::ScatterAdd, idx, idx64, n, vals, alpha, stream);
+          [](const Table& t, uintptr_t idx, bool idx64, int64_t n, uintptr_t vals, float alpha, uintptr_t stream,
+             int64_t row0, int64_t nrows, int64_t col0, int64_t ncols) {
+            t.op(RowOp::ScatterAdd, t.window(row0, nrows, col0, ncols), idx, idx64, n, vals, alpha, stream);
           },
           py::arg("idx"), py::arg("idx64"), py::arg("n"), py::arg("values"), py::arg("alpha") = 1.0f,
-          py::arg("stream") = 0, "table[idx[i], :] += alpha * values[i, :].")
+          py::arg("stream") = 0, py::kw_only(), py::arg("row0") = 0, py::arg("nrows") = -1, py::arg("col0") = 0,
+          py::arg("ncols") = -1, "window[idx[i], :] += alpha * values[i, :].")
       .def_property_readonly("address", [](const Table& t) { return reinterpret_cast<uintptr_t>(&t); })
       .def_property_readonly("chunks", [](const Table& t) { return t.desc().chunks; })
       .def_property_readonly("rows_per_chunk", [](const Table& t) { return t.desc().rows_per_chunk; })
@@ -295,6 +375,17 @@ PYBIND11_MODULE(_wholemem, m) {
       .def_property_readonly("on_device", &Table::on_device)
       .def_property_readonly("device", &Table::device);
 
+  // the optimizer kinds and their number of state arrays: Python takes both from here
+  for (auto [name, kind] : {std::pair{"OPTIM_SGD", OptKind::SGD}, std::pair{"OPTIM_ADAGRAD", OptKind::Adagrad},
+                            std::pair{"OPTIM_LAZY_ADAM", OptKind::LazyAdam}, std::pair{"OPTIM_RMSPROP", OptKind::RMSProp}})
+    m.attr(name) = static_cast<int>(kind);
+  m.def(
+      "optim_num_states",
+      [](int kind) {
+        check(kind >= 0 && kind <= 3, "unknown optimizer kind ", kind);
+        return num_states(static_cast<OptKind>(kind));
+      },
+      py::arg("kind"), "Number of [rows, cols] state arrays the optimizer kind keeps.");
   m.def("optim_update", &optim_update, py::arg("kind"), py::arg("table"), py::arg("idx"), py::arg("n"),
         py::arg("grad"), py::arg("state0"), py::arg("state1"), py::arg("row_state"), py::arg("lr"),
         py::arg("weight_decay"), py::arg("eps"), py::arg("beta1"), py::arg("beta2"), py::arg("alpha"),
@@ -303,23 +394,42 @@ PYBIND11_MODULE(_wholemem, m) {
         "(row_state: LazyAdam's per-row {beta1^t, beta2^t}, [rows, 2]).");
 
 #ifdef DISTKIT_WITH_CUDA
-  m.def("ipc_get_handle", [](uintptr_t p) { return py::bytes(cuda::ipc_get_handle(p)); });
-  m.def("ipc_open_handle", [](const py::bytes& h, int device) { return cuda::ipc_open_handle(std::string(h), device); });
-  m.def("ipc_close_handle", &cuda::ipc_close_handle);
+  m.def("ipc_get_handle", [](uintptr_t p) { return py::bytes(cuda::ipc_get_handle(p)); }, py::arg("ptr"));
+  m.def(
+      "ipc_open_handle", [](const py::bytes& h, int device) { return cuda::ipc_open_handle(std::string(h), device); },
+      py::arg("handle"), py::arg("device"), "Map a peer's allocation for `device` (lazy peer access).");
+  m.def("ipc_close_handle", &cuda::ipc_close_handle, py::arg("ptr"), py::arg("device"));
   m.def("device_alloc", &cuda::device_alloc, py::arg("nbytes"), py::arg("device"),
         "cudaMalloc of nbytes on device, zero-filled and synchronised.");
   m.def("device_free", &cuda::device_free, py::arg("ptr"), py::arg("device"));
+  m.def("device_synchronize", &cuda::device_synchronize, py::arg("device"), "cudaDeviceSynchronize of device.");
+  m.def(
+      "check_indices_device",
+      [](uintptr_t idx, bool idx64, int64_t n, int64_t nrows, int device, uintptr_t stream) {
+        py::gil_scoped_release release;
+        cuda::check_indices(idx, idx64, n, nrows, device, stream);
+      },
+      py::arg("idx"), py::arg("idx64"), py::arg("n"), py::arg("nrows"), py::arg("device"), py::arg("stream"),
+      "IndexError naming the first of n device-resident indices outside [0, nrows) (synchronises the stream; "
+      "nothing while it is captured into a CUDA graph).");
   m.def("host_register", &cuda::host_register, py::arg("addr"), py::arg("nbytes"), py::arg("device"),
         "cudaHostRegister(portable | mapped) of host memory; returns its device address.");
   m.def("host_unregister", &cuda::host_unregister, py::arg("addr"));
 #else
-  m.def("ipc_get_handle", [](uintptr_t) -> py::bytes { no_cuda("ipc_get_handle"); });
-  m.def("ipc_open_handle", [](const py::bytes&, int) -> uintptr_t { no_cuda("ipc_open_handle"); });
-  m.def("ipc_close_handle", [](uintptr_t) { no_cuda("ipc_close_handle"); });
+  m.def("ipc_get_handle", [](uintptr_t) -> py::bytes { no_cuda("ipc_get_handle"); }, py::arg("ptr"));
+  m.def(
+      "ipc_open_handle", [](const py::bytes&, int) -> uintptr_t { no_cuda("ipc_open_handle"); }, py::arg("handle"),
+      py::arg("device"));
+  m.def("ipc_close_handle", [](uintptr_t, int) { no_cuda("ipc_close_handle"); }, py::arg("ptr"), py::arg("device"));
   m.def(
       "device_alloc", [](size_t, int) -> uintptr_t { no_cuda("device_alloc"); }, py::arg("nbytes"),
       py::arg("device"));
   m.def("device_free", [](uintptr_t, int) { no_cuda("device_free"); }, py::arg("ptr"), py::arg("device"));
+  m.def("device_synchronize", [](int) { no_cuda("device_synchronize"); }, py::arg("device"));
+  m.def(
+      "check_indices_device",
+      [](uintptr_t, bool, int64_t, int64_t, int, uintptr_t) { no_cuda("check_indices_device"); }, py::arg("idx"),
+      py::arg("idx64"), py::arg("n"), py::arg("nrows"), py::arg("device"), py::arg("stream"));
   m.def(
       "host_register", [](uintptr_t, size_t, int) -> uintptr_t { no_cuda("host_register"); }, py::arg("addr"),
       py::arg("nbytes"), py::arg("device"));

@@ -32,13 +32,25 @@ def load_gpu_fake() -> Any:
 
 
 @pytest.fixture
-def fake_gpu() -> Iterator[Any]:
-    """Route wholemem's GPU paths through host memory for the duration of a test."""
+def make_fake_gpu() -> Iterator[Any]:
+    """``make(**options)`` routes wholemem's GPU paths through host memory (a
+    ``FakeGpuBackend(**options)``) until the end of the test."""
     from wholemem import _gpu
 
-    backend = load_gpu_fake().FakeGpuBackend()
-    old = _gpu.set_backend(backend)
+    old = _gpu.backend()
+
+    def make(**options: Any) -> Any:
+        backend = load_gpu_fake().FakeGpuBackend(**options)
+        _gpu.set_backend(backend)
+        return backend
+
     try:
-        yield backend
+        yield make
     finally:
         _gpu.set_backend(old)
+
+
+@pytest.fixture
+def fake_gpu(make_fake_gpu: Any) -> Any:
+    """Route wholemem's GPU paths through host memory for the duration of a test."""
+    return make_fake_gpu()

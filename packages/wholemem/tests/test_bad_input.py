@@ -10,9 +10,12 @@ import pytest
 import torch
 
 import wholemem as wg
+from wholemem import _wholemem
 
 T = wg.WmTensorType
 TYPES = [T.HOST, T.CHUNKED, T.NCCL]
+# whether the GPU placements work here (then they must succeed instead of raising)
+GPU = bool(_wholemem.cuda_compiled() and torch.cuda.is_available() and _wholemem.cuda_device_count() > 0)
 
 
 @pytest.mark.parametrize("ty", TYPES)
@@ -100,8 +103,12 @@ def test_bad_create_arguments(comm: wg.Communicator) -> None:
         wg.create_wm_tensor(comm, [4, 3], [0, 1], torch.float32, T.HOST)
     with pytest.raises(TypeError, match="Communicator"):
         wg.create_wm_tensor(None, [4], [], torch.float32, T.HOST)  # type: ignore[arg-type]
-    with pytest.raises(RuntimeError, match="GPU"):
-        wg.create_wm_tensor(comm, [4], [], torch.float32, T.DEVICE)
+    if GPU:
+        d = wg.create_wm_tensor(comm, [4], [], torch.float32, T.DEVICE)
+        assert d.is_cuda and torch.equal(d.cpu(), torch.zeros(4))
+    else:
+        with pytest.raises(RuntimeError, match="CUDA"):
+            wg.create_wm_tensor(comm, [4], [], torch.float32, T.DEVICE)
 
 
 def test_views_and_local(comm: wg.Communicator) -> None:
@@ -112,8 +119,12 @@ def test_views_and_local(comm: wg.Communicator) -> None:
         wg.get_sub_tensor(t, 0, 5)
     with pytest.raises(TypeError, match="plain"):
         wg.get_local_tensor(torch.zeros(3))
-    with pytest.raises(RuntimeError, match="GPU"):
-        wg.get_tensor_view(t, torch.device("cuda"))
+    if GPU:
+        v = wg.get_tensor_view(t, torch.device("cuda"))
+        assert v.is_gpu and v.device.type == "cuda" and tuple(v.shape) == (10, 4)
+    else:
+        with pytest.raises(RuntimeError, match="CUDA"):
+            wg.get_tensor_view(t, torch.device("cuda"))
     assert wg.get_tensor_view(t, "cpu") is t
     h = wg.create_wm_tensor(comm, [10, 4], [], torch.float32, T.HOST)
     assert wg.get_tensor_view(h, torch.device("cpu")) is h
@@ -138,6 +149,8 @@ def test_communicator_arguments() -> None:
         wg.create_communicator(0, uid, 0)
     with pytest.raises(TypeError, match="UniqueId"):
         wg.create_communicator(1, "abc", 0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="device_backend must be one of"):
+        wg.create_communicator(1, uid, 0, device_backend="mpi")
     with pytest.raises(TypeError, match="mpi4py"):
         wg.communicator_from_mpi4py(object())
     with pytest.raises(RuntimeError, match="not initialized"):

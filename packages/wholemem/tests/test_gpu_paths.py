@@ -1,14 +1,15 @@
 """GPU-resident tensors: clear errors without a GPU, and the GPU code paths run over host memory.
 
-The real CUDA backend cannot run on this CPU-only machine; ``fake_gpu`` (conftest) swaps
-in a backend whose "device memory" is shared memory, so the IPC exchange, chunk tables,
-GPU NCCL routing, host registration and lifetime rules are exercised and their numbers
-checked. What only a GPU can verify: the CUDA kernels, cudaIpc*, cudaHostRegister.
+``fake_gpu`` (conftest) swaps in a backend whose "device memory" is shared memory, so the
+device binding, IPC exchange, chunk tables, GPU NCCL routing, host registration, barrier
+synchronisation and lifetime rules run on any machine and their numbers are checked. The
+real CUDA paths are tested by ``test_gpu_real.py`` (marked ``gpu``) on a machine with a GPU.
 """
 
 from __future__ import annotations
 
 import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -64,7 +65,8 @@ def test_gpu_tensor_paths_on_host_memory(comm: wg.Communicator, fake_gpu: Any, t
     t = wg.create_wm_tensor(comm, [9, 4], [6, 1], dtype, ty, device="cuda")
     assert t.is_gpu and isinstance(t, wg.ChunkedTensor if ty is T.CHUNKED else wg.NCCLTensor)
     assert tuple(t.stride) == (6, 1) and t.dtype == dtype
-    assert fake_gpu.calls["alloc"] == (1 if ty is T.CHUNKED else 0)  # NCCL: private torch memory
+    # one rank: nothing is exported, so the memory comes from torch's caching allocator
+    assert fake_gpu.calls["alloc"] == 0 and fake_gpu.calls["ipc_open"] == 0
     rows = torch.arange(9)
     wg.scatter(t, rows, _encode(rows, 4, dtype))
     idx = torch.tensor([8, 0, 3, 3, 5], dtype=torch.int32)
@@ -101,24 +103,84 @@ def test_gpu_tensor_paths_on_host_memory(comm: wg.Communicator, fake_gpu: Any, t
         wg.get_tensor_view(t, "cpu")
 
 
-def test_gpu_chunked_lifetime(fake_gpu: Any) -> None:
+def test_gpu_chunked_one_rank_is_freed_with_the_tensor(fake_gpu: Any) -> None:
     wg.init_lib()
     comm = wg.create_communicator(1, wg.get_unique_id(), 0)
     t = wg.create_wm_tensor(comm, [5, 2], [], torch.float32, T.CHUNKED, device="cuda")
-    (ptr,) = fake_gpu.own
+    chunks = weakref.ref(t._gpu)
     local, _ = wg.get_local_tensor(t)
+    sub = wg.get_sub_tensor(t, [1], [3])
     del t
     gc.collect()
-    assert fake_gpu.freed == []  # before the collective destroy nothing is freed
-    syncs = fake_gpu.calls["synchronize"]
-    comm.destroy()
-    assert fake_gpu.calls["synchronize"] > syncs  # the barrier waits for device work first
-    assert fake_gpu.freed == []  # a local view is alive
-    local[0, 0] = 1.0  # ... and still valid
-    del local
+    assert chunks() is not None  # the view keeps the storage
+    del sub
+    local[0, 0] = 1.0  # the local part is still valid: it holds the torch allocation
     gc.collect()
-    assert fake_gpu.freed == [ptr]
+    assert chunks() is None  # freed with the tensor, not at destroy
+    assert fake_gpu.calls["alloc"] == 0 and not fake_gpu.own
+    comm.destroy()
     wg.finalize_lib()
+
+
+def test_device_binding_policy() -> None:
+    from wholemem._binding import pick_device
+
+    # the local rank's GPU, unless the user already chose another than torch's default 0
+    assert pick_device(4, 2, 0, False) == 2
+    assert pick_device(4, 2, 0, True) == 2  # 0 is torch's default, not a choice
+    assert pick_device(4, 2, 3, True) == 3  # set by the user: kept
+    assert pick_device(2, 3, 0, False) == 1  # more ranks than GPUs: shared round-robin
+    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+        pick_device(0, 0, 0, False)
+
+
+def test_device_binding_from_launcher(comm: wg.Communicator, make_fake_gpu: Any, monkeypatch: Any) -> None:
+    from wholemem import _binding
+
+    be = make_fake_gpu(count=4)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "5")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "8")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4")
+    assert _binding.local_rank(comm) == 3
+    wg.create_wm_tensor(comm, [4, 2], [], torch.float32, T.NCCL, device="cuda")
+    assert be.bound == [3]  # torch.cuda.set_device(local rank) before anything ran
+    wg.create_wm_tensor(comm, [4, 2], [], torch.float32, T.CHUNKED, device="cuda")
+    assert be.bound == [3]  # bound once
+    be.current = 1  # the user called torch.cuda.set_device(1) later: kept
+    wg.create_wm_tensor(comm, [4, 2], [], torch.float32, T.CHUNKED, device="cuda")
+    assert be.bound == [3]
+    with pytest.raises(ValueError, match="cuda:4 does not exist: 4 CUDA devices"):
+        wg.create_wm_tensor(comm, [4, 2], [], torch.float32, T.CHUNKED, device="cuda:4")
+    for var in ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"):
+        monkeypatch.delenv(var)
+    assert _binding.local_rank(comm) == comm.local_rank == 0  # no launcher: the communicator's
+
+
+def test_barrier_synchronises_every_used_device(comm: wg.Communicator, fake_gpu: Any) -> None:
+    # torch never initialised CUDA here (the fake says so): the barrier still waits for
+    # the devices wholemem used, through the extension's own runtime calls
+    assert fake_gpu.current_device() == (0, False)
+    comm.barrier()
+    assert fake_gpu.synced == []  # nothing used yet
+    wg.create_wm_tensor(comm, [4, 2], [], torch.float32, T.CHUNKED, device="cuda")
+    comm.barrier()
+    assert fake_gpu.synced == [torch.device("cpu")]  # the fake's "device"
+
+
+def test_views_share_the_base_table(comm: wg.Communicator, fake_gpu: Any) -> None:
+    for ty in (T.CHUNKED, T.NCCL):
+        for dev in ("cpu", "cuda"):
+            t = wg.create_wm_tensor(comm, [10, 6], [], torch.int32, ty, device=dev)
+            wg.scatter(t, torch.arange(10), torch.arange(60, dtype=torch.int32).reshape(10, 6))
+            sub = wg.get_sub_tensor(t, [2, 1], [9, 5])
+            subsub = wg.get_sub_tensor(sub, [3, 1], [5, 3])
+            assert sub._table is t._table and subsub._table is t._table  # no table per view
+            assert torch.equal(wg.gather(subsub, torch.tensor([1, 0])), torch.tensor([[38, 39], [32, 33]]).int())
+            wg.scatter(subsub, torch.tensor([0]), torch.tensor([[-1, -2]], dtype=torch.int32))
+            assert torch.equal(wg.gather(t, torch.tensor([5]))[0], torch.tensor([30, 31, -1, -2, 34, 35]).int())
+            with pytest.raises(IndexError, match="index 2 at position 0 is out of range for 2 rows"):
+                wg.gather(subsub, torch.tensor([2]))
 
 
 def test_host_and_chunked_cuda_views(comm: wg.Communicator, fake_gpu: Any) -> None:
@@ -189,15 +251,30 @@ def test_gpu_tensor_files(comm: wg.Communicator, fake_gpu: Any, tmp_path: Any) -
     n = wg.create_wm_tensor(comm, [10, 3], [], torch.int32, T.NCCL, device="cuda")
     wg.load_from_files(n, tmp_path / "g")
     assert torch.equal(wg.gather(n, torch.arange(10)), data)
+    # DEVICE tensors and CUDA views of HOST tensors (plain tensors in GPU memory): staged
+    d = wg.create_wm_tensor(comm, [10, 3], [], torch.int32, T.DEVICE)
+    assert wg.get_wm_tensor_type(d) is T.DEVICE
+    wg.load_from_files(d, tmp_path / "g")
+    assert torch.equal(d, data)
+    wg.store_to_files(wg.get_sub_tensor(d, [2], [7]), tmp_path / "d")
+    view = wg.get_tensor_view(wg.create_wm_tensor(comm, [5, 3], [], torch.int32, T.HOST), "cuda")
+    wg.load_from_files(view, tmp_path / "d")
+    assert torch.equal(view, data[2:7])
 
 
-@pytest.mark.parametrize("ty", [T.CHUNKED, T.NCCL])
-def test_gpu_embedding_routing(comm: wg.Communicator, fake_gpu: Any, ty: Any) -> None:
+@pytest.mark.parametrize("ty", [T.CHUNKED, T.NCCL, T.DEVICE])
+def test_gpu_embedding_routing(comm: wg.Communicator, fake_gpu: Any, ty: Any, monkeypatch: Any) -> None:
     # a GPU-resident table follows the host table step for step (same kernels underneath here)
     opt = wg.LazyAdam(lr=0.05)
-    ref = wg.Embedding(comm, 12, 3, optimizer=opt, tensor_type=ty, seed=3)
+    ref = wg.Embedding(comm, 12, 3, optimizer=opt, tensor_type=T.HOST if ty is T.DEVICE else ty, seed=3)
     gpu = wg.Embedding(comm, 12, 3, optimizer=opt, tensor_type=ty, seed=3, device="cuda")
-    assert gpu.weight.is_gpu and not ref.weight.is_gpu
+    assert gpu._gpu and not ref._gpu
+    from wholemem import _embedding
+
+    def no_new_tables(*args: Any) -> None:
+        raise AssertionError("Embedding.step built a row table")
+
+    monkeypatch.setattr(_embedding, "Table", no_new_tables)  # tables are built once, at creation
     for step in range(3):
         idx = torch.tensor([step, 5, 5, 11 - step])
         for emb in (ref, gpu):

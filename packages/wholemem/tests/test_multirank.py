@@ -50,6 +50,8 @@ def _pg_body(rank: int, size: int, store: str) -> None:
 
     init_process_group(rank, size, store)
     wg.init_lib()
+    with pytest.raises(TypeError, match="device_group must be a torch.distributed.ProcessGroup"):
+        wg.communicator_from_process_group(None, device_group="gloo")
     comm = wg.communicator_from_process_group()
     assert (comm.rank, comm.size) == (rank, size)
     for ty in (wg.WmTensorType.HOST, wg.WmTensorType.CHUNKED, wg.WmTensorType.NCCL):

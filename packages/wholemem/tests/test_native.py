@@ -59,6 +59,73 @@ def test_chunk_table_ops() -> None:
         _wholemem.Table([int(chunks[0].data_ptr())], 4, 10, 5, 6, 1, 3)
 
 
+def test_table_windows() -> None:
+    """Sub-tensors run on their base table through a window (rows [row0, row0 + nrows),
+    columns [col0, col0 + ncols)); indices are relative to the window and checked against it."""
+    import torch
+
+    base = torch.arange(60, dtype=torch.int64).reshape(12, 5)
+    chunks = [base[0:5].contiguous(), base[5:10].contiguous(), base[10:12].contiguous()]
+    table = _wholemem.Table([int(c.data_ptr()) for c in chunks], 5, 12, 5, 5, 1, 6)
+    idx = torch.tensor([0, 3, 5], dtype=torch.int32)  # window rows 4..9 cross a chunk boundary
+    out = torch.empty(3, 2, dtype=torch.int64)
+    table.gather(int(idx.data_ptr()), False, 3, int(out.data_ptr()), row0=4, nrows=6, col0=2, ncols=2)
+    assert torch.equal(out, base[[4, 7, 9], 2:4])
+    vals = -torch.arange(6, dtype=torch.int64).reshape(3, 2)
+    table.scatter(int(idx.data_ptr()), False, 3, int(vals.data_ptr()), row0=4, nrows=6, col0=2, ncols=2)
+    table.scatter_add(int(idx.data_ptr()), False, 3, int(vals.data_ptr()), 1.0, row0=4, nrows=6, col0=2, ncols=2)
+    whole = torch.cat(chunks)
+    assert torch.equal(whole[[4, 7, 9], 2:4], 2 * vals)
+    assert torch.equal(whole[:, :2], base[:, :2]) and torch.equal(whole[:4], base[:4])
+    bad = torch.tensor([0, 6])
+    with pytest.raises(IndexError, match="index 6 at position 1 is out of range for 6 rows"):
+        table.gather(int(bad.data_ptr()), True, 2, int(out.data_ptr()), row0=4, nrows=6, col0=2, ncols=2)
+    with pytest.raises(ValueError, match=r"row window \[10, 13\) is outside the table's 12 rows"):
+        table.gather(int(idx.data_ptr()), False, 3, int(out.data_ptr()), row0=10, nrows=3)
+    with pytest.raises(ValueError, match=r"column window \[4, 6\)"):
+        table.gather(int(idx.data_ptr()), False, 3, int(out.data_ptr()), col0=4, ncols=2)
+
+
+def test_dlpack_bytes_alias_and_keep_their_owner() -> None:
+    import gc
+    import weakref
+
+    import torch
+
+    class Owner:
+        pass
+
+    buf = torch.arange(16, dtype=torch.uint8)
+    owner = Owner()
+    owner.buf = buf  # type: ignore[attr-defined]
+    alive = weakref.ref(owner)
+    cap = _wholemem.bytes_as_dlpack(int(buf.data_ptr()) + 4, 8, _wholemem.DLPACK_CPU, 0, owner)
+    t = torch.from_dlpack(cap)
+    del owner, cap
+    gc.collect()
+    assert alive() is not None  # the tensor keeps the owner
+    assert t.dtype == torch.uint8 and t.shape == (8,) and t.data_ptr() == buf.data_ptr() + 4
+    t[0] = 200  # aliases the memory
+    assert int(buf[4]) == 200
+    del t
+    gc.collect()
+    assert alive() is None  # released with the tensor
+    unused = _wholemem.bytes_as_dlpack(int(buf.data_ptr()), 8, _wholemem.DLPACK_CPU, 0, buf)
+    del unused  # a capsule never consumed frees itself
+    with pytest.raises(ValueError, match="device type"):
+        _wholemem.bytes_as_dlpack(int(buf.data_ptr()), 8, 7, 0, buf)
+
+
+def test_atomic_add_on_shared_memory() -> None:
+    seg = _wholemem.Segment.create(64)
+    peer = _wholemem.Segment.open(seg.name, 64)
+    seg.unlink()
+    assert _wholemem.atomic_add_i64(int(seg.address) + 8, 3) == 3
+    assert _wholemem.atomic_add_i64(int(peer.address) + 8, -1) == 2  # the same counter through another mapping
+    with pytest.raises(ValueError, match="aligned"):
+        _wholemem.atomic_add_i64(int(seg.address) + 4, 1)
+
+
 def test_optimizer_kernel_closed_form() -> None:
     import torch
 
@@ -69,7 +136,7 @@ def test_optimizer_kernel_closed_form() -> None:
     idx = torch.tensor([1])
     # Adagrad: s = g^2, w -= lr * g / (|g| + eps)
     _wholemem.optim_update(
-        1,
+        _wholemem.OPTIM_ADAGRAD,
         table,
         int(idx.data_ptr()),
         1,
@@ -107,7 +174,7 @@ def test_lazy_adam_kernel_per_row_bias_correction() -> None:
         idx = torch.tensor(rows)
         g = torch.tensor([[0.5, -2.0]] * len(rows), dtype=torch.float64)
         _wholemem.optim_update(
-            2, table, int(idx.data_ptr()), len(rows), int(g.data_ptr()), int(m.data_ptr()), int(v.data_ptr()),
+            _wholemem.OPTIM_LAZY_ADAM, table, int(idx.data_ptr()), len(rows), int(g.data_ptr()), int(m.data_ptr()), int(v.data_ptr()),
             int(rs.data_ptr()), lr=lr, weight_decay=0.0, eps=eps, beta1=b1, beta2=b2, alpha=0.0,
         )  # fmt: skip
 
@@ -120,7 +187,9 @@ def test_lazy_adam_kernel_per_row_bias_correction() -> None:
     step([2], eps=0.5)
     assert abs(w[2, 0].item() - (-lr * 0.5 / (0.5 + 0.5))) < 1e-8  # lr is passed as float32
     with pytest.raises(ValueError, match="per-row state"):
-        _wholemem.optim_update(2, table, 0, 0, 0, int(m.data_ptr()), int(v.data_ptr()), 0, 0.1, 0, 0, b1, b2, 0)
+        _wholemem.optim_update(
+            _wholemem.OPTIM_LAZY_ADAM, table, 0, 0, 0, int(m.data_ptr()), int(v.data_ptr()), 0, 0.1, 0, 0, b1, b2, 0
+        )
 
 
 def test_cuda_paths_raise_clearly_without_a_gpu() -> None:
@@ -144,7 +213,9 @@ def test_cuda_paths_raise_clearly_without_a_gpu() -> None:
         lambda: _wholemem.device_free(1, 0),
         lambda: _wholemem.ipc_get_handle(1),
         lambda: _wholemem.ipc_open_handle(b"x" * 64, 0),
-        lambda: _wholemem.ipc_close_handle(1),
+        lambda: _wholemem.ipc_close_handle(1, 0),
+        lambda: _wholemem.device_synchronize(0),
+        lambda: _wholemem.check_indices_device(1, True, 1, 1, 0, 0),
         lambda: _wholemem.host_register(4096, 16, 0),
         lambda: _wholemem.host_unregister(4096),
     ):

@@ -6,15 +6,17 @@ point) and these Python helpers:
 
 - :mod:`distkit_common.dtypes` - torch / numpy dtypes <-> distkit dtype codes.
 - :mod:`distkit_common.validate` - argument checks used at every public boundary.
-- :mod:`distkit_common.launch` - rank / size / local rank from mpiexec or torchrun.
-- :mod:`distkit_common.testing` - run a script on N processes with a timeout.
+- :mod:`distkit_common.collective` - one rank's failure raised on every rank (JSON, no pickle).
+- :mod:`distkit_common.fsio` - atomic directory commits and stale-temporary cleanup.
+- :mod:`distkit_common.launch` - rank / size / local rank / node from mpiexec, torchrun or srun.
+- :mod:`distkit_common.testing` - run a script on N processes (or simulated hosts) with a timeout.
 """
 
 from __future__ import annotations
 
 from ._paths import cmake_dir, include_dir
 from ._version import __version__
-from .launch import LaunchInfo, launch_info, local_rank, rank, world_size
+from .launch import LaunchInfo, launch_info, local_rank, local_size, rank, world_size
 
 __all__ = [
     "LaunchInfo",
@@ -23,6 +25,7 @@ __all__ = [
     "include_dir",
     "launch_info",
     "local_rank",
+    "local_size",
     "rank",
     "world_size",
 ]

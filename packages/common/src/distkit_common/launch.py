@@ -1,48 +1,90 @@
-"""Rank, size and local rank of this process under mpiexec, torchrun, srun or alone."""
+"""Rank, size, local rank and node of this process under mpiexec, torchrun, srun or alone.
+
+Every distkit package that needs to know where a process sits (which GPU a
+rank binds to, which ranks share a host) reads it here, so one launcher's
+quirks are handled once:
+
+========= ================= ================== =========================== ===============================
+launcher  rank              size               local rank / local size     node
+========= ================= ================== =========================== ===============================
+Open MPI  OMPI_COMM_WORLD_* OMPI_COMM_WORLD_*  OMPI_COMM_WORLD_LOCAL_*     (not exported by Open MPI)
+torchrun  RANK              WORLD_SIZE         LOCAL_RANK, LOCAL_WORLD_SIZE GROUP_RANK
+MPICH     PMI_RANK          PMI_SIZE           MPI_LOCALRANKID, _LOCALNRANKS
+PMIx      PMIX_RANK         PMIX_SIZE          PMIX_LOCAL_RANK, _LOCAL_SIZE
+SLURM     SLURM_PROCID      SLURM_NTASKS       SLURM_LOCALID, tasks of       SLURM_NODEID
+                                               this node (SLURM_TASKS_PER_NODE)
+========= ================= ================== =========================== ===============================
+"""
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-# (rank, size, local rank, local size) variables, most specific launcher first.
-_LAUNCHERS: tuple[tuple[str, str, str, str, str], ...] = (
+# (name, rank, size, local rank, local size, node rank) variables, most specific launcher first.
+_LAUNCHERS: tuple[tuple[str, str, str, str, str, str], ...] = (
     (
         "openmpi",
         "OMPI_COMM_WORLD_RANK",
         "OMPI_COMM_WORLD_SIZE",
         "OMPI_COMM_WORLD_LOCAL_RANK",
         "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "",
     ),
-    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
-    ("mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-    ("pmix", "PMIX_RANK", "PMIX_SIZE", "PMIX_LOCAL_RANK", "PMIX_LOCAL_SIZE"),
-    ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
+    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"),
+    ("mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", ""),
+    ("pmix", "PMIX_RANK", "PMIX_SIZE", "PMIX_LOCAL_RANK", "PMIX_LOCAL_SIZE", ""),
+    ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_NODEID"),
 )
 
 
 @dataclass(frozen=True)
 class LaunchInfo:
-    """Where this process sits in its job."""
+    """Where this process sits in its job.
+
+    ``node_rank`` is the index of this process's node when the launcher says it
+    (torchrun, SLURM), else ``None``: group ranks by hostname then.
+    """
 
     launcher: str
     rank: int
     world_size: int
     local_rank: int
     local_size: int
+    node_rank: int | None = None
 
 
-def _int(env: dict[str, str] | os._Environ[str], name: str, default: int) -> int:
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
     value = env.get(name)
     if value is None or value == "":
         return default
     try:
+        # SLURM writes repeated counts as "4(x2)" and lists as "4,2": the first count
         return int(value.split("(")[0].split(",")[0])
     except ValueError:
         raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
 
 
-def launch_info(env: dict[str, str] | None = None) -> LaunchInfo:
+_SLURM_COUNTS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+
+
+def _slurm_tasks_on_node(tasks_per_node: str, node: int) -> int | None:
+    """Tasks on node ``node`` from SLURM_TASKS_PER_NODE ("2(x3),1" = 2, 2, 2, 1)."""
+    seen = 0
+    for part in tasks_per_node.split(","):
+        m = _SLURM_COUNTS.match(part.strip())
+        if m is None:
+            return None
+        count, repeat = int(m.group(1)), int(m.group(2) or 1)
+        if node < seen + repeat:
+            return count
+        seen += repeat
+    return None
+
+
+def launch_info(env: Mapping[str, str] | None = None) -> LaunchInfo:
     """Read the launcher's environment (``os.environ`` unless ``env`` is given).
 
     Returns a single-process ``LaunchInfo("none", 0, 1, 0, 1)`` when no known
@@ -53,10 +95,16 @@ def launch_info(env: dict[str, str] | None = None) -> LaunchInfo:
     ValueError
         If a launcher variable is not an integer or the values are inconsistent.
     """
-    e = os.environ if env is None else env
-    for name, r, s, lr, ls in _LAUNCHERS:
+    e: Mapping[str, str] = os.environ if env is None else env
+    for name, r, s, lr, ls, nr in _LAUNCHERS:
         if r in e and s in e:
-            info = LaunchInfo(name, _int(e, r, 0), _int(e, s, 1), _int(e, lr, 0), _int(e, ls, 1))
+            local_size = _int(e, ls, 1)
+            node = _int(e, nr, -1) if nr else -1
+            if name == "slurm" and ls not in e and node >= 0 and "SLURM_TASKS_PER_NODE" in e:
+                local_size = _slurm_tasks_on_node(e["SLURM_TASKS_PER_NODE"], node) or local_size
+            info = LaunchInfo(
+                name, _int(e, r, 0), _int(e, s, 1), _int(e, lr, 0), local_size, node if node >= 0 else None
+            )
             if not (0 <= info.rank < info.world_size):
                 raise ValueError(f"{name}: rank {info.rank} is outside world size {info.world_size}")
             return info
@@ -74,5 +122,10 @@ def world_size() -> int:
 
 
 def local_rank() -> int:
-    """Rank of this process among those on its node."""
+    """Rank of this process among those on its node (0 when launched alone)."""
     return launch_info().local_rank
+
+
+def local_size() -> int:
+    """Number of this job's processes on this node (1 when launched alone)."""
+    return launch_info().local_size

@@ -25,14 +25,14 @@ from __future__ import annotations
 import threading
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from . import _distx_fake as _native
 from . import _rng
-from ._fake import FakeTensor, _fake_ctx, _leaves, _map, is_real_op
+from ._fake import _DATA_READS, FakeDataError, FakeTensor, _fake_ctx, _leaves, _map, is_real_op, set_realizer
 
 __all__ = [
     "CapturedTensorModifiedError",
@@ -45,7 +45,6 @@ __all__ = [
 M = TypeVar("M", bound=torch.nn.Module)
 _tls = threading.local()
 _aten = torch.ops.aten
-_SCALAR_READS = {_aten._local_scalar_dense.default}
 
 
 class CapturedTensorModifiedError(RuntimeError):
@@ -56,26 +55,47 @@ class _ArgumentError(TypeError, ValueError):
     """Wrong kind of argument: torchdistX raised ``ValueError`` here, Python style is ``TypeError``."""
 
 
-@dataclass
+def _crc(t: torch.Tensor) -> int | None:
+    """crc32c of a CPU tensor's values (``None`` elsewhere: only the version counter is checked)."""
+    if t.device.type != "cpu" or t.is_sparse or t.layout != torch.strided:
+        return None
+    with _disable_current_modes(), torch.no_grad():
+        c = t.detach().contiguous()
+        return _native.crc32c_ptr(c.data_ptr(), c.numel() * c.element_size(), 0) if c.numel() else 0
+
+
 class _Captured:
-    """A real tensor found in a recorded op, with its version at record time."""
+    """A real tensor found in a recorded op, with its version and a checksum of its values.
 
-    tensor: torch.Tensor
-    version: int
-    where: str
-    op: Any
+    The version counter sees every in-place op; the checksum also sees writes that bypass it
+    (``.data``, numpy views).
+    """
 
-    def check(self) -> torch.Tensor:
-        now = self.tensor._version
+    __slots__ = ("crc", "op", "private", "tensor", "version", "where")
+
+    def __init__(self, tensor: torch.Tensor, op: Any) -> None:
+        self.tensor = tensor
+        self.version = tensor._version
+        self.crc = _crc(tensor)
+        self.where = _where()
+        self.op = op
+        self.private = False  # True once replaced by a snapshot (see _Graph.snapshot_captures)
+
+    def check(self, deep: bool = False) -> torch.Tensor:
+        t = self.tensor
+        now = t._version
         if now != self.version:
-            t = self.tensor
-            raise CapturedTensorModifiedError(
-                f"real tensor of shape {tuple(t.shape)} and dtype {t.dtype} captured by deferred_init "
-                f"(used by {self.op} at {self.where}) was modified in place after recording "
-                f"(version {self.version} -> {now}); materializing would not reproduce eager "
-                "construction. Do not modify tensors captured by module_fn before materializing."
-            )
-        return self.tensor
+            how = f"version {self.version} -> {now}"
+        elif deep and self.crc is not None and _crc(t) != self.crc:
+            how = "its values changed without a version bump, e.g. through .data or a numpy view"
+        else:
+            return t
+        raise CapturedTensorModifiedError(
+            f"real tensor of shape {tuple(t.shape)} and dtype {t.dtype} captured by deferred_init "
+            f"(used by {self.op} at {self.where}) was modified in place after recording "
+            f"({how}); materializing would not reproduce eager construction. Do not modify "
+            "tensors captured by module_fn before materializing."
+        )
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -89,8 +109,34 @@ def _where() -> str:
     return "<unknown>"
 
 
+_WRITTEN: dict[Any, tuple[int, ...]] = {}
+
+
+def _written_positions(func: Any) -> tuple[int, ...]:
+    """Indices of the schema arguments ``func`` writes in place."""
+    got = _WRITTEN.get(func)
+    if got is None:
+        schema = getattr(func, "_schema", None)
+        got = ()
+        if schema is not None:
+            got = tuple(i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
+        _WRITTEN[func] = got
+    return got
+
+
+def _written_args(func: Any, args: Any, kwargs: Any) -> list[Any]:
+    out: list[Any] = []
+    pos = _written_positions(func)
+    if pos:
+        schema = func._schema
+        for i in pos:
+            v = args[i] if i < len(args) else kwargs.get(schema.arguments[i].name)
+            out.extend(_leaves(v))
+    return out
+
+
 class _Node:
-    __slots__ = ("args", "done", "func", "in_keys", "index", "kwargs", "outs", "rng")
+    __slots__ = ("args", "done", "func", "in_keys", "index", "kwargs", "out_keys", "outs", "rng")
 
     def __init__(
         self,
@@ -109,6 +155,7 @@ class _Node:
         self.outs = outs
         self.rng = rng
         self.in_keys = in_keys
+        self.out_keys: tuple[int, ...] = ()
         self.done = False
 
 
@@ -118,8 +165,42 @@ class _Graph:
     def __init__(self) -> None:
         self.nodes: list[_Node] = []
         self.writers: dict[int, list[_Node]] = {}
+        self.readers: dict[int, list[_Node]] = {}
+        self.captures: list[_Captured] = []
+        self._capture_of: dict[tuple[int, int], _Captured] = {}  # (id, version) -> capture
+        self._captured_storages: dict[int, list[_Captured]] = {}
 
     # --- recording -------------------------------------------------------------------------
+    def capture(self, t: torch.Tensor, op: Any) -> _Captured:
+        k = (id(t), t._version)
+        cap = self._capture_of.get(k)
+        if cap is None or cap.tensor is not t:
+            cap = _Captured(t, op)
+            self._capture_of[k] = cap
+            self.captures.append(cap)
+            self._captured_storages.setdefault(_storage_key(t), []).append(cap)
+        return cap
+
+    def snapshot_captures(self, func: Any, args: Any, kwargs: Any) -> None:
+        """Before a real op inside ``module_fn`` writes a captured tensor, give the recorded ops a copy.
+
+        Eager construction read the values as they were; the recording must replay them so.
+        """
+        if not self._captured_storages:
+            return
+        for t in _written_args(func, args, kwargs):
+            if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor):
+                for cap in self._captured_storages.pop(_storage_key(t), ()):
+                    if not cap.private:
+                        with _disable_current_modes(), torch.no_grad():
+                            cap.tensor = cap.tensor.detach().clone()
+                        cap.version, cap.private = cap.tensor._version, True
+
+    def check_captures(self) -> None:
+        """Raise if any tensor captured by this recording was modified in place since."""
+        for cap in self.captures:
+            cap.check()
+
     def record(self, func: Any, args: Any, kwargs: Any, out: Any, rng: _rng.Snapshot | None) -> None:
         in_keys: list[int] = []
         op = func
@@ -129,7 +210,7 @@ class _Graph:
                 in_keys.append(_storage_key(x))
                 return x
             if isinstance(x, torch.Tensor):
-                return _Captured(x, x._version, _where(), op)
+                return self.capture(x, op)
             return x
 
         cargs = _map(capture, args)
@@ -143,36 +224,41 @@ class _Graph:
                 # strong: the graph lives as long as any tensor it can materialize (done nodes
                 # drop their tensors, so no cycle keeps real data alive)
                 o._distx_graph = self  # type: ignore[attr-defined]
-        schema = getattr(func, "_schema", None)
-        if schema is not None:
-            for i, a in enumerate(schema.arguments):
-                if a.alias_info is not None and a.alias_info.is_write:
-                    v = args[i] if i < len(args) else kwargs.get(a.name)
-                    for t in _leaves(v):
-                        if isinstance(t, FakeTensor):
-                            written[_storage_key(t)] = None
+        for t in _written_args(func, args, kwargs):
+            if isinstance(t, FakeTensor):
+                written[_storage_key(t)] = None
+        node.out_keys = tuple(written)
         for k in written:
             self.writers.setdefault(k, []).append(node)
+        for k in node.in_keys:
+            self.readers.setdefault(k, []).append(node)
 
     # --- replay ----------------------------------------------------------------------------
     def closure(self, t: torch.Tensor) -> list[_Node]:
-        key = _storage_key(t)
-        seen = {key}
-        stack = [key]
+        """The pending nodes to run, in recording order, to give ``t`` its final value.
+
+        Every pending writer of ``t``'s storage, and for each chosen node: the earlier writers
+        of what it reads (its inputs' values), the earlier readers of what it writes (they must
+        read the values from before this write) and the earlier writers of what it writes.
+        """
         chosen: dict[int, _Node] = {}
+        stack = [n for n in self.writers.get(_storage_key(t), ()) if not n.done]
         while stack:
-            k = stack.pop()
-            for n in self.writers.get(k, ()):
-                if n.done or n.index in chosen:
-                    continue
-                chosen[n.index] = n
-                for k2 in n.in_keys:
-                    if k2 not in seen:
-                        seen.add(k2)
-                        stack.append(k2)
+            n = stack.pop()
+            if n.index in chosen:
+                continue
+            chosen[n.index] = n
+            for table, keys in ((self.writers, n.in_keys), (self.readers, n.out_keys), (self.writers, n.out_keys)):
+                for k in keys:
+                    for m in table.get(k, ()):
+                        if m.index >= n.index:
+                            break  # lists are in recording order
+                        if not m.done and m.index not in chosen:
+                            stack.append(m)
         return [chosen[i] for i in sorted(chosen)]
 
     def materialize(self, t: torch.Tensor, device: torch.device | None) -> torch.Tensor:
+        self.check_captures()
         # pending writers must run even if this tensor already has a value (e.g. read by .item())
         for node in self.closure(t):
             self._run(node, device)
@@ -192,7 +278,7 @@ class _Graph:
                     raise ValueError(f"{node.func}: an input fake tensor has no recorded producer")
                 return r
             if isinstance(x, _Captured):
-                v = x.check()
+                v = x.check(deep=True)
                 if device is not None and v.device != device:
                     v = v.to(device)
                 return v
@@ -217,6 +303,18 @@ class _Graph:
         node.args = node.kwargs = node.outs = None
 
 
+def _realize(t: torch.Tensor, what: str = "a value") -> torch.Tensor:
+    """The real value of a fake tensor recorded so far (read while recording: ``.item()`` & co)."""
+    graph = _graph_of(t) if isinstance(t, FakeTensor) else None
+    if graph is None:
+        if isinstance(t, FakeTensor):
+            raise FakeDataError(
+                f"cannot read {what} of a fake tensor that deferred_init did not record (e.g. one made by fake_mode)"
+            )
+        return t
+    return graph.materialize(t, None)
+
+
 class _Recorder(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -232,18 +330,60 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if is_real_op(func, args, kwargs):
             # only real tensors involved: runs for real and is not recorded (as in torchdistX)
+            self.graph.snapshot_captures(func, args, kwargs)
             return func(*args, **kwargs)
-        if func in _SCALAR_READS:
-            # `.item()` inside __init__: answer it for real by replaying the dependency chain.
-            real = self.graph.materialize(args[0], None)
+        if func in _DATA_READS:
+            # `.item()`, `torch.equal` inside __init__: answered for real (the values recorded so far)
+            rargs, rkwargs = _map(_realize, args), _map(_realize, kwargs)
             with _disable_current_modes():
-                return func(real)
+                return func(*rargs, **rkwargs)
         snap = None
         if torch.Tag.nondeterministic_seeded in func.tags:
-            snap = _rng.snapshot_and_advance(func, args, kwargs)
-        out = func(*args, **kwargs)
+            snap = _rng.snapshot_and_advance(func, args, kwargs, _realize)
+        try:
+            out = func(*args, **kwargs)
+        except (NotImplementedError, RuntimeError) as e:
+            # no fake answer: the output depends on values (nonzero, masked_select, unique,
+            # boolean indexing). Its shape comes from running it for real on the recorded values.
+            out = self._shape_from_real(func, args, kwargs, e)
         self.graph.record(func, args, kwargs, out, snap)
         return out
+
+    def _shape_from_real(self, func: Any, args: Any, kwargs: Any, err: BaseException) -> Any:
+        fakes = [x for x in _leaves(args) + _leaves(kwargs) if isinstance(x, FakeTensor)]
+        if not fakes or any(_graph_of(x) is None or x.device.type != "cpu" for x in fakes):
+            raise err
+        written = {id(t) for t in _written_args(func, args, kwargs)}
+        by_real: dict[int, FakeTensor] = {}
+
+        def real(x: Any) -> Any:
+            if not isinstance(x, FakeTensor):
+                return x
+            r = _realize(x)
+            if id(x) in written:
+                with _disable_current_modes(), torch.no_grad():
+                    r = r.clone()  # the recorded value must not change: the op is replayed later
+            by_real[id(r)] = x
+            return r
+
+        rargs, rkwargs = _map(real, args), _map(real, kwargs)
+        with _disable_current_modes(), torch.no_grad():
+            try:
+                rout = func(*rargs, **rkwargs)
+            except Exception as e2:
+                raise e2 from err
+
+        def fake(r: Any) -> Any:
+            if not isinstance(r, torch.Tensor):
+                return r
+            same = by_real.get(id(r))
+            if same is not None:
+                return same
+            with _disable_current_modes():
+                elem = torch.empty_strided(r.shape, r.stride(), dtype=r.dtype, device="meta")
+            return FakeTensor(elem, r.device)
+
+        return _map(fake, rout)
 
 
 def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
@@ -274,10 +414,12 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
         return module_fn(*args, **kwargs)
     graph = _Graph()
     _tls.recording = True
+    prev = set_realizer(_realize)
     try:
         with _fake_ctx(True), _Recorder(graph):
             module = module_fn(*args, **kwargs)
     finally:
+        set_realizer(prev)
         _tls.recording = False
     return module
 

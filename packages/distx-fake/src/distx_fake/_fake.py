@@ -38,6 +38,20 @@ class FakeDataError(RuntimeError):
     """Raised when the data of a fake tensor is read (``.item()``, ``.tolist()``, ``.numpy()``)."""
 
 
+def set_realizer(fn: Any) -> Any:
+    """Install ``fn(fake) -> real tensor`` (deferred_init while it records); return the previous one."""
+    prev = getattr(_tls, "realizer", None)
+    _tls.realizer = fn
+    return prev
+
+
+def _real_value(t: torch.Tensor, what: str) -> torch.Tensor:
+    fn = getattr(_tls, "realizer", None)
+    if fn is None:
+        raise FakeDataError(f"{_NO_DATA} [{what}]")
+    return fn(t, what)
+
+
 def _fake_cuda_enabled() -> bool:
     stack: list[bool] | None = getattr(_tls, "cuda", None)
     return bool(stack and stack[-1])
@@ -79,14 +93,16 @@ class FakeTensor(torch.Tensor):
             text = "Parameter containing:\n" + text
         return text
 
+    # Reading values: while deferred_init records, the value is computed for real (a copy:
+    # the tensor itself stays fake); anywhere else a fake tensor has no values to read.
     def numpy(self, *args: Any, **kwargs: Any) -> Any:
-        raise FakeDataError(f"{_NO_DATA} [.numpy()]")
+        return _real_value(self, ".numpy()").clone().numpy(*args, **kwargs)
 
     def tolist(self) -> Any:
-        raise FakeDataError(f"{_NO_DATA} [.tolist()]")
+        return _real_value(self, ".tolist()").tolist()
 
     def __array__(self, *args: Any, **kwargs: Any) -> Any:
-        raise FakeDataError(f"{_NO_DATA} [numpy conversion]")
+        return _real_value(self, "numpy conversion").detach().clone().__array__(*args, **kwargs)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
         # a clone through the dispatcher (so deferred_init records it), keeping Parameter-ness

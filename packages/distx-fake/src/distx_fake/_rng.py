@@ -14,10 +14,11 @@ Recording (``snapshot_and_advance``)
          draws, no tempering, no output), an order of magnitude cheaper than generating the values. The
          formulas are verified against the real kernels at first use (``_self_check``); if
          any differs on this torch/CPU, the fast path is disabled for the process.
-       * otherwise the op is run *for real* on scratch CPU tensors of the same sizes, strides
-         and dtypes, which advances the generator exactly as eager construction does. The
-         scratch buffer of an in-place op is uninitialized (``empty``), other tensor inputs are
-         zeros.
+       * otherwise the op is run *for real* on the values its inputs have at this point of the
+         recording (computed by replaying what they depend on, as ``.item()`` does), which
+         advances the generator exactly as eager construction does even when the number of
+         draws depends on the values (``multinomial``, ``poisson``, ``rrelu``). The target of an
+         in-place op that only overwrites (``uniform_``, ``bernoulli_``...) is a scratch buffer.
 Replay (``replay``)
     the snapshot is restored, the op runs on the real tensors, the previous state is put back,
     so values never depend on the generator state at materialization time nor on the order.
@@ -30,6 +31,7 @@ those ops are replayed with whatever CUDA generator state exists at materializat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,10 +137,18 @@ def _inplace(func: Any) -> bool:
     )
 
 
-def snapshot_and_advance(func: Any, args: Any, kwargs: Any) -> Snapshot | None:
+#: in-place random ops that only overwrite their target (its values are never read)
+_OVERWRITE = {"aten::uniform_", "aten::normal_", "aten::bernoulli_", "aten::exponential_", "aten::geometric_"}
+_OVERWRITE |= {"aten::log_normal_", "aten::cauchy_", "aten::random_"}
+
+
+def snapshot_and_advance(func: Any, args: Any, kwargs: Any, realize: Callable[[Any], torch.Tensor]) -> Snapshot | None:
     """Snapshot the generator ``func`` will use and advance it as the eager op would.
 
-    Returns ``None`` when the op does not use a CPU generator (nothing can be snapshotted).
+    ``realize(fake)`` returns the real value a fake input has at this point of the recording;
+    it is used for ops outside the fast path, whose number of draws may depend on the values
+    (``multinomial``, ``poisson``, ``rrelu``...). Returns ``None`` when the op does not use a
+    CPU generator (nothing can be snapshotted).
     """
     gen = kwargs.get("generator")
     if gen is None:
@@ -155,25 +165,36 @@ def snapshot_and_advance(func: Any, args: Any, kwargs: Any) -> Snapshot | None:
             _native.mt19937_advance(st.data_ptr(), st.numel(), n)
             gen.set_state(st)
             return snap
-    inplace = _inplace(func)
-    first = [True]
+    # run the op for real on the values the inputs have now: it draws exactly what eager does
+    overwrite = func._schema.name in _OVERWRITE and _inplace(func)
+    written = {id(t) for t in _written(func, args, kwargs)}
+    target: Any = args[0] if overwrite else None
 
-    def scratch(x: Any) -> Any:
-        if isinstance(x, FakeTensor):
-            if inplace and first[0]:
-                first[0] = False
-                return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="cpu")
-            return torch.zeros_like(x, device="cpu")
-        return x
+    def real(x: Any) -> Any:
+        if not isinstance(x, FakeTensor):
+            return x
+        if x is target:  # only overwritten: any buffer of the same layout
+            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="cpu")
+        r = realize(x)
+        # the recorded value must not change: the op is replayed at materialization
+        return r.clone() if id(x) in written else r
 
     with _disable_current_modes(), torch.no_grad():
-        sargs = _map(scratch, args)
-        skw = _map(scratch, kwargs)
-        if "device" in skw:
-            skw = dict(skw)
-            skw["device"] = torch.device("cpu")
-        func(*sargs, **skw)
+        rargs = _map(real, args)
+        rkw = _map(real, kwargs)
+        if "device" in rkw:
+            rkw = dict(rkw)
+            rkw["device"] = torch.device("cpu")
+        func(*rargs, **rkw)
     return snap
+
+
+def _written(func: Any, args: Any, kwargs: Any) -> list[Any]:
+    out: list[Any] = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            out.extend(_leaves(args[i] if i < len(args) else kwargs.get(a.name)))
+    return out
 
 
 def replay(snap: Snapshot, func: Any, args: Any, kwargs: Any) -> Any:

@@ -237,7 +237,7 @@ def load_distx(shard: LocalShard, path: Any) -> None:
     """Collective load of a checkpoint written by :func:`save_distx` (any saved rank count)."""
     ckpt = _distx_checkpoint()
     try:
-        meta = ckpt.FileSystemReader(str(path)).read_metadata()
+        meta = ckpt.FileSystemReader(str(path)).read_index()
     except (OSError, ValueError) as e:
         raise OSError(f"cannot read the distx checkpoint in {path}: {e}") from e
     entries = {e.get("path", [None])[0]: e for e in meta.get("entries", []) if isinstance(e, dict)}

@@ -6,7 +6,11 @@ import torch
 
 
 def partition_sizes(n: int, parts: int, *, uneven: bool = True, what: str = "size") -> list[int]:
-    """Sizes of ``parts`` consecutive chunks covering ``n`` (the first ``n % parts`` get one more).
+    """Sizes of ``parts`` consecutive chunks covering ``n``, as ``torch.chunk`` and DTensor's
+    ``Shard`` cut them: ``ceil(n / parts)`` each, the last ones smaller (possibly empty).
+
+    Following DTensor's rule makes every shard of a parallel layer a valid local shard of a
+    ``DTensor`` (see :func:`shardlayers.sharded_state_dict`).
 
     Raises
     ------
@@ -17,8 +21,17 @@ def partition_sizes(n: int, parts: int, *, uneven: bool = True, what: str = "siz
         raise ValueError(f"number of partitions must be >= 1, got {parts}")
     if n % parts and not uneven:
         raise ValueError(f"{what} {n} is not divisible by {parts} partitions (pass uneven=True to allow uneven splits)")
-    base, rem = divmod(n, parts)
-    return [base + (1 if i < rem else 0) for i in range(parts)]
+    chunk = -(-n // parts)
+    return [max(0, min(chunk, n - i * chunk)) for i in range(parts)]
+
+
+def padded_size(n: int, parts: int, multiple: int) -> int:
+    """Rows each rank stores for a dimension of ``n`` split over ``parts`` ranks and padded so
+    that every rank holds a multiple of ``multiple`` (Megatron's ``make_vocab_size_divisible_by``:
+    ``parts * padded_size(...)`` is the padded total). A rank's real rows come first; the rest
+    are padding."""
+    chunk = -(-n // parts)
+    return -(-chunk // multiple) * multiple
 
 
 def partition_range(n: int, parts: int, index: int, *, uneven: bool = True, what: str = "size") -> tuple[int, int]:
@@ -49,8 +62,8 @@ def slice(
     contiguous : bool
         Return contiguous chunks (copies when needed).
     uneven : bool
-        Allow a size that does not divide; the first ``size % num_partitions`` chunks get one
-        more element.
+        Allow a size that does not divide; chunks are then cut as ``torch.chunk`` cuts them
+        (``ceil(size / num_partitions)`` each, the last ones smaller, possibly empty).
 
     Returns
     -------
@@ -81,3 +94,19 @@ def slice(
     if contiguous:
         chunks = tuple(c.contiguous() for c in chunks)
     return tuple(chunks)
+
+
+def shard_extent(tensor: torch.Tensor, parts: int, index: int) -> tuple[int | None, int, int, int]:
+    """``(axis, full_size, start, length)`` of a tagged parameter's real shard on rank ``index``.
+
+    ``axis`` is None for a replicated tensor. The tensor's storage along ``axis`` may hold more
+    rows than ``length`` (padding at the end, see :func:`padded_size`).
+    """
+    from ._tag import _FULL_SIZE, storage_axis
+
+    axis = storage_axis(tensor)
+    if axis is None:
+        return None, 0, 0, 0
+    full = int(getattr(tensor, _FULL_SIZE, tensor.shape[axis] * parts))
+    start, length = partition_range(full, parts, index)
+    return axis, full, start, length

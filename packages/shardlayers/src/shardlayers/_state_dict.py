@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._split import partition_sizes
-from ._tag import _FULL_SIZE, storage_axis
+from ._split import partition_sizes, shard_extent
+from ._tag import storage_axis
 
 
 def _tagged(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -82,10 +82,9 @@ def collect_state_dict(
         key = prefix + name
         if key not in state_dict:
             raise KeyError(f"parallel parameter {key!r} is missing from the state dict")
-        local = state_dict[key].detach().to("cpu")
-        axis = storage_axis(param)
+        axis, full_n, _, n = shard_extent(param, p, me)
         assert axis is not None
-        full_n = int(getattr(param, _FULL_SIZE, local.shape[axis] * p))
+        local = state_dict[key].detach().narrow(axis, 0, n).to("cpu")  # padding rows stay behind
         sizes = partition_sizes(full_n, p)
         if p == 1:
             out[key] = local.clone()
@@ -151,9 +150,8 @@ def relocate_state_dict(model: nn.Module, state_dict: dict[str, Any], prefix: st
         if key not in state_dict:
             continue
         full = state_dict[key]
-        axis = storage_axis(param)
+        axis, full_n, start, n = shard_extent(param, p, r)
         assert axis is not None
-        full_n = int(getattr(param, _FULL_SIZE, param.shape[axis] * p))
         want = list(param.shape)
         want[axis] = full_n
         if list(full.shape) != want:
@@ -161,8 +159,12 @@ def relocate_state_dict(model: nn.Module, state_dict: dict[str, Any], prefix: st
                 f"{key!r}: expected a full tensor of shape {tuple(want)} (this rank holds {tuple(param.shape)}), "
                 f"got {tuple(full.shape)}"
             )
-        sizes = partition_sizes(full_n, p)
-        out[key] = full.detach().narrow(axis, sum(sizes[:r]), sizes[r]).clone()
+        piece = full.detach().narrow(axis, start, n)
+        if param.shape[axis] > n:  # padded storage: real rows first, zero padding after
+            pad = list(piece.shape)
+            pad[axis] = param.shape[axis] - n
+            piece = torch.cat([piece, piece.new_zeros(pad)], dim=axis)
+        out[key] = piece.clone()
     return out
 
 

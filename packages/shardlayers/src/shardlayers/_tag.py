@@ -30,6 +30,10 @@ _ORDER_TYPE = "order_type"
 _ORDER_ATTR = _ORDER_TYPE
 #: attribute holding the full (unsplit) size of a parameter along its split storage axis.
 _FULL_SIZE = "_PARALLEL_FULL_SIZE"
+#: attribute of an activation split along its last dim whose global size includes padding (a
+#: padded vocabulary): the number of real entries; the rest (at the end of each rank's shard,
+#: see shardlayers._pad) are padding, left out of the loss.
+_VALID_SIZE = "_PARALLEL_VALID_SIZE"
 
 _VALID_DIMS = (None, 0, 1, -1)
 
@@ -184,6 +188,28 @@ _CONTRACTIONS: set[Callable[..., Any]] = {
 }
 
 
+_CROSS_ENTROPY = {F.cross_entropy}
+_RESHAPES = {torch.Tensor.view, torch.Tensor.reshape, torch.reshape}
+
+
+def _local_shape(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """Rewrite ``x.view(..., V)`` / ``reshape`` of a tensor split along its last dim whose real
+    global size is ``V`` (a vocabulary head's logits) into ``x.view(..., V_local)``: model code
+    written for full logits (e.g. ``logits.view(-1, vocab_size)`` before the loss) then keeps the
+    split instead of silently mixing rows."""
+    x = args[0] if args else None
+    valid = valid_size(x) if isinstance(x, torch.Tensor) else None
+    if valid is None or getattr(x, _PARALLEL_DIM, None) not in (1, -1) or "shape" in kwargs:
+        return args
+    rest = args[1:]
+    shape = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list, torch.Size)) else rest
+    if not shape or not all(isinstance(d, int) for d in shape) or shape[-1] != valid:
+        return args
+    assert isinstance(x, torch.Tensor)
+    local = (*shape[:-1], x.shape[-1])
+    return (x, local)
+
+
 def _axis(tag: int) -> int:
     return 0 if tag == 0 else -1
 
@@ -207,13 +233,21 @@ def _keeps_split(ret: torch.Tensor, src: torch.Tensor, tag: int) -> bool:
     return bool(ret.shape[ax] == src.shape[ax])
 
 
-def tag_output(t: torch.Tensor, tag: int | None) -> torch.Tensor:
-    """Return ``t`` as a :class:`ParallelTensor` tagged ``tag`` (or a plain tensor for None)."""
+def tag_output(t: torch.Tensor, tag: int | None, valid: int | None = None) -> torch.Tensor:
+    """Return ``t`` as a :class:`ParallelTensor` tagged ``tag`` (or a plain tensor for None);
+    ``valid`` records the real (unpadded) global size of the split dim."""
     if tag is None:
         return untag(t)
     out = t if type(t) is ParallelTensor else t.as_subclass(ParallelTensor)
     setattr(out, _PARALLEL_DIM, tag)
+    if valid is not None:
+        setattr(out, _VALID_SIZE, int(valid))
     return out
+
+
+def valid_size(t: torch.Tensor) -> int | None:
+    """The real global size of a padded split dim (None when not padded)."""
+    return t.__dict__.get(_VALID_SIZE) if isinstance(t, torch.Tensor) else None
 
 
 def untag(t: torch.Tensor) -> torch.Tensor:
@@ -221,8 +255,9 @@ def untag(t: torch.Tensor) -> torch.Tensor:
     if type(t) is torch.Tensor:
         return t
     out = t.as_subclass(torch.Tensor)
-    if _PARALLEL_DIM in out.__dict__:
-        delattr(out, _PARALLEL_DIM)
+    for attr in (_PARALLEL_DIM, _VALID_SIZE):
+        if attr in out.__dict__:
+            delattr(out, attr)
     return out
 
 
@@ -233,6 +268,11 @@ class ParallelTensor(torch.Tensor):
     the size of the split dimension (last dim for tag -1/1, first dim for tag 0); matrix products,
     transposes and permutations never propagate it. Two inputs tagged differently raise
     ``ValueError`` (tag mismatch).
+
+    Logits of a vocabulary head (split along the classes, real class count known) also make
+    ``F.cross_entropy`` compute the vocab-parallel loss, and ``view``/``reshape`` to
+    ``(..., vocab_size)`` keep the local class count, so model code that computes its own loss
+    (e.g. Hugging Face's ``labels=``) works unchanged.
     """
 
     @classmethod
@@ -244,6 +284,16 @@ class ParallelTensor(torch.Tensor):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        if func in _CROSS_ENTROPY:
+            inp = args[0] if args else kwargs.get("input")
+            if getattr(inp, _PARALLEL_DIM, None) in (1, -1):
+                # logits split along the classes (a vocab-parallel head): F.cross_entropy on the
+                # local shard would be wrong; compute the vocab-parallel loss instead
+                from .nn.functional import parallel_cross_entropy
+
+                return parallel_cross_entropy(*args, **kwargs)
+        if func in _RESHAPES:
+            args = _local_shape(func, args, kwargs)
         with torch._C.DisableTorchFunctionSubclass():
             ret = func(*args, **kwargs)
         if func in _CONTRACTIONS:
@@ -259,13 +309,14 @@ class ParallelTensor(torch.Tensor):
                 f"tag mismatch: inputs of {getattr(func, '__name__', func)} are split along different dims"
             )
         tag, src = found[0]
+        valid = valid_size(src)
         if isinstance(ret, torch.Tensor):
             if type(ret) is torch.Tensor and _keeps_split(ret, src, tag):
-                return tag_output(ret, tag)
+                return tag_output(ret, tag, valid)
             return ret
         if type(ret) in (tuple, list):
             items = [
-                tag_output(r, tag)
+                tag_output(r, tag, valid)
                 if isinstance(r, torch.Tensor) and type(r) is torch.Tensor and _keeps_split(r, src, tag)
                 else r
                 for r in ret

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from distkit_common.dtypes import code_of
 
 from . import _shardlayers
+from ._split import partition_sizes
 from .distributed._ops import exchange_sizes
 
 _REDUCTIONS = ("none", "mean", "sum")
@@ -25,6 +26,24 @@ def _stream(t: torch.Tensor) -> int:
     return int(torch.cuda.current_stream(t.device).cuda_stream)
 
 
+def check_same_device(logits: torch.Tensor, target: torch.Tensor) -> None:
+    """Raise ``F.cross_entropy``'s error when ``target`` is not on the logits' device.
+
+    The native kernels dereference the target's data pointer on the logits' device: a host
+    pointer handed to the CUDA kernel (or a device pointer to the CPU one) is a crash, not an error.
+
+    Raises
+    ------
+    RuntimeError
+        If the devices differ.
+    """
+    if target.device != logits.device:
+        raise RuntimeError(
+            "Expected all tensors to be on the same device, but found at least two devices, "
+            f"{logits.device} and {target.device}! (target of the vocab-parallel cross-entropy)"
+        )
+
+
 def native_stats(
     x: torch.Tensor, target: torch.Tensor, vstart: int, weight: torch.Tensor | None, want_sum: bool
 ) -> torch.Tensor:
@@ -34,7 +53,8 @@ def native_stats(
     wp = 0 if weight is None else weight.data_ptr()
     args = (x.data_ptr(), n, c, x.stride(0), code_of(x.dtype), target.data_ptr(), vstart, wp, want_sum, out.data_ptr())
     if x.device.type == "cuda":
-        _shardlayers.xent_stats_cuda(*args, _stream(x))
+        with torch.cuda.device(x.device):  # launch on the tensor's device, whatever the current one
+            _shardlayers.xent_stats_cuda(*args, _stream(x))
     else:
         _shardlayers.xent_stats_cpu(*args)
     return out
@@ -49,7 +69,8 @@ def native_grad(
     wp = 0 if weight is None else weight.data_ptr()
     args = (x.data_ptr(), grad.data_ptr(), n, c, x.stride(0), code_of(x.dtype), target.data_ptr(), vstart, wp)
     if x.device.type == "cuda":
-        _shardlayers.xent_grad_cuda(*args, coef.data_ptr(), _stream(x))
+        with torch.cuda.device(x.device):
+            _shardlayers.xent_grad_cuda(*args, coef.data_ptr(), _stream(x))
     else:
         _shardlayers.xent_grad_cpu(*args, coef.data_ptr())
     return grad
@@ -84,6 +105,7 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
         reduction: str,
         label_smoothing: float,
         group: Any,
+        num_classes: int | None = None,
     ) -> torch.Tensor:
         p = 1 if group is None else int(dist.get_world_size(group))
         rank = 0 if group is None else int(dist.get_rank(group))
@@ -92,9 +114,17 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
         if x.stride(-1) != 1:
             x = x.contiguous()
         t = target.reshape(-1).to(torch.int64).contiguous()
-        sizes = exchange_sizes(c_local, group) if p > 1 else [c_local]
-        n_classes = sum(sizes)
-        vstart = sum(sizes[:rank])
+        if num_classes is None:
+            sizes = exchange_sizes(c_local, group) if p > 1 else [c_local]
+            n_classes, vstart, c_valid = sum(sizes), sum(sizes[:rank]), c_local
+        else:
+            # a padded vocabulary (shardlayers' layout): every rank holds its torch.chunk share of
+            # the real classes first, then padding columns that are left out of the loss
+            sizes = partition_sizes(int(num_classes), p)
+            n_classes, vstart, c_valid = int(num_classes), sum(sizes[:rank]), sizes[rank]
+            if c_valid > c_local:
+                raise ValueError(f"logits have {c_local} local classes, fewer than this rank's {c_valid} real ones")
+        x_valid = x if c_valid == c_local else x[:, :c_valid]
         valid = t != ignore_index
         if t.numel():
             bad = valid & ((t < 0) | (t >= n_classes))
@@ -107,9 +137,14 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
             if weight.dim() != 1 or weight.shape[0] != n_classes:
                 raise ValueError(f"weight must have shape ({n_classes},), got {tuple(weight.shape)}")
             weight = weight.to(device=x.device, dtype=acc)
-            w_local = weight.narrow(0, vstart, c_local).contiguous()
+            w_local = weight.narrow(0, vstart, c_valid).contiguous()
         eps = float(label_smoothing)
-        stats = _combine(native_stats(x, t, vstart, w_local, eps > 0), group, p)
+        if c_valid > 0:
+            local_stats = native_stats(x_valid, t, vstart, w_local, eps > 0)
+        else:  # no real class here (an empty shard, or padding only): contributes nothing
+            local_stats = torch.zeros((x.shape[0], 4), dtype=acc, device=x.device)
+            local_stats[:, 0] = float("-inf")
+        stats = _combine(local_stats, group, p)
         lse = stats[:, 0] + torch.log(stats[:, 1])
         xt, swx = stats[:, 2], stats[:, 3]
         vf = valid.to(acc)
@@ -133,7 +168,12 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
         ct = scale * (1.0 - eps) * w_t
         cw = scale * (eps / n_classes) * vf
         coef = torch.stack([torch.where(valid, lse, torch.zeros_like(lse)), cp, ct, cw], dim=-1).contiguous()
-        grad = native_grad(x, t, vstart, w_local, coef)
+        if c_valid == c_local:
+            grad = native_grad(x, t, vstart, w_local, coef)
+        else:  # padded columns get no gradient
+            grad = torch.zeros_like(x, memory_format=torch.contiguous_format)
+            if c_valid > 0:
+                grad[:, :c_valid] = native_grad(x_valid, t, vstart, w_local, coef)
         ctx.save_for_backward(grad)
         ctx.reduction = reduction
         ctx.shape = logits.shape
@@ -149,10 +189,10 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
             factor = g.reshape(-1, 1).to(grad.dtype)
         else:
             if bool((g == 1).all()):
-                return grad.view(ctx.shape), None, None, None, None, None, None
+                return grad.view(ctx.shape), None, None, None, None, None, None, None
             factor = g.to(grad.dtype)
         if ctx.scaled:
             raise RuntimeError("parallel_cross_entropy: backward through the same loss twice is not supported")
         ctx.scaled = True
         grad.mul_(factor)  # in place: the buffer is ours, no second copy of the logits
-        return grad.view(ctx.shape), None, None, None, None, None, None
+        return grad.view(ctx.shape), None, None, None, None, None, None, None

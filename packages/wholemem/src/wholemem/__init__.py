@@ -24,11 +24,12 @@ from ._compat import (
     get_wm_communicator,
     get_wm_tensor_type,
 )
+from ._create import create_wm_tensor
 from ._embedding import SGD, Adagrad, Embedding, LazyAdam, RMSProp
 from ._io import create_wm_tensor_from_file, load_from_files, stat_filelist_element_count, store_to_files
 from ._lib import finalize_lib, init_lib
 from ._ops import gather, get_local_tensor, get_partition_plan, get_sub_tensor, get_tensor_view, scatter
-from ._tensor import ChunkedTensor, NCCLTensor, WmTensorType, create_wm_tensor
+from ._tensor import ChunkedTensor, NCCLTensor, WmTensorType
 from ._version import __version__
 
 DISTRIBUTED = WmTensorType.DISTRIBUTED

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from . import _lib
+from . import _lib, _registry
 from ._comm import Communicator
-from ._ops import _check_target, _info, get_sub_tensor
-from ._tensor import ChunkedTensor, NCCLTensor, WmTensorType, _WmTensor, host_info
+from ._ops import communicator_of, get_sub_tensor
+from ._tensor import ChunkedTensor, NCCLTensor, WmTensor, WmTensorType
 
 
 def _comm(comm: Any, what: str) -> Communicator:
@@ -90,13 +88,8 @@ def get_wm_communicator(t: Any) -> Communicator:
     RuntimeError
         The library was finalized or the communicator destroyed.
     """
-    _check_target(t, "get_wm_communicator")
-    if isinstance(t, _WmTensor):
-        return t.comm
-    info = _info(t)
-    if info is None:
-        raise TypeError("get_wm_communicator: t is a plain torch.Tensor, not one made by create_wm_tensor")
-    return info.comm
+    _lib.require_init("get_wm_communicator")
+    return communicator_of(t, "get_wm_communicator")
 
 
 def get_wm_tensor_type(t: Any) -> WmTensorType:
@@ -107,10 +100,12 @@ def get_wm_tensor_type(t: Any) -> WmTensorType:
     TypeError
         ``t`` is not a wholemem tensor.
     """
-    if isinstance(t, _WmTensor):
+    if isinstance(t, WmTensor):
         return t.tensor_type
-    if isinstance(t, torch.Tensor) and host_info(t) is not None:
-        return WmTensorType.DEVICE if t.device.type == "cuda" else WmTensorType.HOST
+    info = _registry.lookup(t)
+    if info is not None:
+        tensor_type: WmTensorType = info.tensor_type
+        return tensor_type
     raise TypeError(f"get_wm_tensor_type: not a wholemem tensor: {type(t).__name__}")
 
 

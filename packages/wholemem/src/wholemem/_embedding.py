@@ -9,12 +9,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import _gpu
+from distkit_common.dtypes import code_of
+
+from . import _checks, _gpu, _lib
+from . import _wholemem as _native
 from ._comm import Communicator
+from ._create import create_wm_tensor
 from ._io import load_local, store_local
 from ._layout import local_range, rows_per_rank
-from ._ops import _as_bytes, _check_target, _device_indices, _indices, gather, get_local_tensor
-from ._tensor import WmTensorType, _WmTensor, create_wm_tensor
+from ._ops import communicator_of, gather, get_local_tensor
+from ._route import from_bytes, route, send_rows
+from ._tensor import WmTensor, WmTensorType
 from ._wholemem import Table, optim_update
 
 # The update rules are those of WholeGraph's embedding optimizer kernels (optimizer.cuh),
@@ -28,8 +33,8 @@ class SGD:
 
     lr: float = 0.01
     weight_decay: float = 0.0
-    kind = 0
-    num_states = 0
+    kind = _native.OPTIM_SGD
+    num_states = _native.optim_num_states(kind)
 
 
 @dataclass
@@ -41,8 +46,8 @@ class Adagrad:
     eps: float = 1e-8
     weight_decay: float = 0.0
     initial_accumulator_value: float = 0.0
-    kind = 1
-    num_states = 1
+    kind = _native.OPTIM_ADAGRAD
+    num_states = _native.optim_num_states(kind)
 
 
 @dataclass
@@ -59,8 +64,8 @@ class LazyAdam:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.0
-    kind = 2
-    num_states = 2
+    kind = _native.OPTIM_LAZY_ADAM
+    num_states = _native.optim_num_states(kind)
 
 
 @dataclass
@@ -71,8 +76,8 @@ class RMSProp:
     alpha: float = 0.99
     eps: float = 1e-8
     weight_decay: float = 0.0
-    kind = 3
-    num_states = 1
+    kind = _native.OPTIM_RMSPROP
+    num_states = _native.optim_num_states(kind)
 
 
 Optimizer = SGD | Adagrad | LazyAdam | RMSProp
@@ -158,7 +163,7 @@ class Embedding(nn.Module):
         # GPU-resident tables (DEVICE, or device='cuda'): optimizer state next to the rows,
         # gradients exchanged over the communicator's NCCL group, CUDA optimizer kernel
         w = self.weight
-        self._gpu = tensor_type is WmTensorType.DEVICE or (isinstance(w, _WmTensor) and w.is_gpu)
+        self._gpu = tensor_type is WmTensorType.DEVICE or (isinstance(w, WmTensor) and w.is_gpu)
         self._device = w.device
         if self._gpu:
             problem = comm.device_group_problem(self._device)
@@ -195,6 +200,9 @@ class Embedding(nn.Module):
         self._step = 0
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._anchor = torch.empty(0, requires_grad=True)
+        # the optimizer's view of this rank's rows, built once (a device table uploads its
+        # chunk address once; a table per step would stall the GPU twice per step)
+        self._table = self._local_table(local)
         comm.barrier()
 
     def extra_repr(self) -> str:
@@ -212,8 +220,8 @@ class Embedding(nn.Module):
         RuntimeError
             Library finalized or communicator destroyed.
         """
-        _check_target(self.weight, "Embedding.forward")
-        idx = _device_indices(self.weight, indices) if self._gpu else _indices(indices, self.num_embeddings)
+        self._check("Embedding.forward")
+        idx = _checks.indices(indices, self._device, self.num_embeddings)
         out: torch.Tensor = _Lookup.apply(self._anchor, idx, self)
         return out
 
@@ -232,29 +240,25 @@ class Embedding(nn.Module):
         """Number of optimizer steps taken."""
         return self._step
 
-    def _local_table(self) -> tuple[Table, torch.Tensor, int]:
-        local, first = get_local_tensor(self.weight)
-        from distkit_common.dtypes import code_of
+    def _check(self, what: str) -> None:
+        _lib.require_init(what)
+        communicator_of(self.weight, what)
 
+    def _local_table(self, local: torch.Tensor) -> Table:
         n = local.shape[0]
         st = local.stride()
-        be = _gpu.backend()
-        on_device = self._gpu and be.on_device
+        on_device = self._gpu and _gpu.backend().on_device
         index = -1 if not on_device or local.device.index is None else int(local.device.index)
-        return (
-            Table(
-                [int(local.data_ptr())],
-                max(1, n),
-                n,
-                self.embedding_dim,
-                st[0],
-                st[1],
-                code_of(local.dtype),
-                on_device,
-                index,
-            ),
-            local,
-            first,
+        return Table(
+            [int(local.data_ptr())],
+            max(1, n),
+            n,
+            self.embedding_dim,
+            st[0],
+            st[1],
+            code_of(local.dtype),
+            on_device,
+            index,
         )
 
     def step(self) -> None:
@@ -265,7 +269,7 @@ class Embedding(nn.Module):
         RuntimeError
             No optimizer, or the communicator / library is gone.
         """
-        _check_target(self.weight, "Embedding.step")
+        self._check("Embedding.step")
         opt = self.optimizer
         if opt is None:
             raise RuntimeError("Embedding.step: no optimizer was given")
@@ -282,20 +286,15 @@ class Embedding(nn.Module):
         rpr = rows_per_rank(self.num_embeddings, comm.size)
         first = local_range(self.num_embeddings, comm.size, comm.rank)[0]
         if comm.size > 1:
-            owner = torch.div(idx, rpr, rounding_mode="floor")
-            order = torch.argsort(owner, stable=True)
-            sc_t = torch.bincount(owner, minlength=comm.size)
-            sc, rc = sc_t.tolist(), comm.exchange_counts(sc_t).tolist()
-            ridx = comm.all_to_all(idx[order], sc, rc)
-            rg = comm.all_to_all(_as_bytes(grads[order].contiguous()), sc, rc)
-            rgrads = rg.view(acc).reshape(-1, d) if rg.numel() else torch.empty((0, d), dtype=acc, device=rg.device)
+            r, ridx = route(comm, idx, rpr)
+            rgrads = from_bytes(send_rows(comm, r, grads), acc, ridx.numel(), (d,))
         else:
             ridx, rgrads = idx, grads
         uniq, inv = torch.unique(ridx - first, return_inverse=True)
         summed = torch.zeros((uniq.numel(), d), dtype=acc, device=uniq.device).index_add_(0, inv, rgrads)
         self._step += 1
         rs = self._row_state
-        table, _, _ = self._local_table()
+        table = self._table
         stream = _gpu.backend().stream(self._device) if table.on_device else 0
         s = self._states
         optim_update(
@@ -325,7 +324,7 @@ class Embedding(nn.Module):
         OSError
             The files cannot be written.
         """
-        _check_target(self.weight, "Embedding.save")
+        self._check("Embedding.save")
         local, first = get_local_tensor(self.weight)
         shape = (self.embedding_dim,)
         store_local(
@@ -358,7 +357,7 @@ class Embedding(nn.Module):
         FileNotFoundError
             Files are missing (e.g. no optimizer state stored).
         """
-        _check_target(self.weight, "Embedding.load")
+        self._check("Embedding.load")
         local, first = get_local_tensor(self.weight)
         shape = (self.embedding_dim,)
         meta = load_local(self.comm, self.num_embeddings, shape, self.weight.dtype, local, first, directory, "weight")

@@ -3,7 +3,9 @@
 A store writes ``<prefix>_<p>.bin`` (rows of part p, contiguous, native byte order) and
 ``<prefix>.json`` (shape, dtype, parts). Every rank writes its own rows into whichever
 part files they fall in, and loads its own rows from whichever files hold them, so the
-number of parts is independent of the number of ranks on either side.
+number of parts is independent of the number of ranks on either side. Rows in GPU
+memory (DEVICE tensors, GPU-resident CHUNKED / NCCL tensors, CUDA views) are staged
+through host memory one file range at a time.
 """
 
 from __future__ import annotations
@@ -18,20 +20,13 @@ from typing import Any
 
 import torch
 
+from distkit_common.collective import agree
+
 from ._comm import Communicator
+from ._create import create_wm_tensor
 from ._layout import local_range
-from ._ops import _check_target, _info, get_local_tensor
-from ._tensor import _WmTensor
-
-
-def _comm_of(t: Any, what: str) -> Communicator:
-    _check_target(t, what)
-    if isinstance(t, _WmTensor):
-        return t.comm
-    info = _info(t)
-    if info is None or t.device.type != "cpu":
-        raise TypeError(f"{what}: expected a CPU tensor made by create_wm_tensor, got a plain tensor")
-    return info.comm
+from ._ops import communicator_of, get_local_tensor
+from ._tensor import WmTensorType
 
 
 def _row_bytes(row_shape: Sequence[int], dtype: torch.dtype) -> int:
@@ -63,7 +58,7 @@ def store_local(
     rb = _row_bytes(row_shape, dtype)
     files = [f"{prefix}_{p:05d}.bin" for p in range(parts)]
     ranges = [local_range(nrows, parts, p) for p in range(parts)]
-    err = None
+    err: OSError | None = None
     if comm.rank == 0:
         try:
             d.mkdir(parents=True, exist_ok=True)
@@ -78,10 +73,8 @@ def store_local(
             }
             (d / f"{prefix}.json").write_text(json.dumps(meta, indent=1))
         except OSError as e:
-            err = str(e)
-    errs = comm.allgather_object(err)
-    if errs[0] is not None:
-        raise OSError(f"store_to_files: rank 0 could not create the files: {errs[0]}")
+            err = e
+    agree(comm, "store_to_files", err)
     n = local.shape[0]
     for f, (lo, hi) in zip(files, ranges):
         a, b = max(lo, first), min(hi, first + n)
@@ -183,7 +176,7 @@ def load_local(
             fh.seek((a - lo) * rb)
             buf = bytearray(fh.read((b - a) * rb))
         rows = torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(b - a, *row_shape)
-        local[a - first : b - first] = rows
+        local[a - first : b - first] = rows  # copies host rows to the GPU for device memory
     comm.barrier()
     return meta
 
@@ -195,7 +188,8 @@ def store_to_files(
 
     Parameters
     ----------
-    t : torch.Tensor (HOST), ChunkedTensor or NCCLTensor
+    t : torch.Tensor (HOST / DEVICE, or a view of one), ChunkedTensor or NCCLTensor
+        Any wholemem tensor; rows in GPU memory are copied to host memory part by part.
     directory : path
         Created if needed; must be visible to every rank (a shared file system across nodes).
     num_parts : int, optional
@@ -217,7 +211,7 @@ def store_to_files(
     OSError
         The files cannot be written.
     """
-    comm = _comm_of(t, "store_to_files")
+    comm = communicator_of(t, "store_to_files")
     local, first = get_local_tensor(t)
     return store_local(comm, int(t.shape[0]), tuple(t.shape[1:]), t.dtype, local, first, directory, prefix, num_parts)
 
@@ -227,7 +221,8 @@ def load_from_files(t: Any, files: Any, *, prefix: str = "part") -> None:
 
     Parameters
     ----------
-    t : torch.Tensor (HOST), ChunkedTensor or NCCLTensor
+    t : torch.Tensor (HOST / DEVICE, or a view of one), ChunkedTensor or NCCLTensor
+        Any wholemem tensor; rows for GPU memory are read into host memory and copied.
     files : path or list of paths
         A directory written by :func:`store_to_files` (its ``<prefix>.json`` is checked
         against ``t``); a WholeGraph file prefix (the file itself, or its parts
@@ -245,7 +240,7 @@ def load_from_files(t: Any, files: Any, *, prefix: str = "part") -> None:
     FileNotFoundError
         A file is missing.
     """
-    comm = _comm_of(t, "load_from_files")
+    comm = communicator_of(t, "load_from_files")
     local, first = get_local_tensor(t)
     load_local(comm, int(t.shape[0]), tuple(t.shape[1:]), t.dtype, local, first, files, prefix)
 
@@ -306,8 +301,6 @@ def create_wm_tensor_from_file(
     FileNotFoundError
         The files are missing.
     """
-    from ._tensor import WmTensorType, create_wm_tensor
-
     count = stat_filelist_element_count(filename, dtype)
     shp = [int(v) for v in shape]
     if not shp:

@@ -149,8 +149,15 @@ class Layout:
             return 0
         return (rows - 1) * self.row_stride + sum((s - 1) * st for s, st in zip(self.shape[1:], self.stride[1:])) + 1
 
-    def describe(self) -> tuple[Any, ...]:
-        return (self.shape, self.stride, str(self.dtype))
+    def describe(self) -> list[Any]:
+        """Shape, strides and dtype as JSON values (compared between ranks)."""
+        return [list(self.shape), list(self.stride), str(self.dtype)]
+
+    def rows_view(self, raw: torch.Tensor, rows: int) -> torch.Tensor:
+        """A strided tensor of ``rows`` rows of this layout over the uint8 tensor ``raw``
+        (same device; it keeps ``raw``'s memory alive)."""
+        flat = raw[: self.elems(rows) * self.itemsize].view(self.dtype)
+        return flat.as_strided((rows, *self.row_shape), self.stride)
 
 
 def plain_table_args(t: torch.Tensor) -> tuple[int, int, int, int] | None:

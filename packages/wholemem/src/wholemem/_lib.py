@@ -5,10 +5,10 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-_state: dict[str, Any] = {"initialized": False, "finalized": False}
+state: dict[str, Any] = {"initialized": False, "finalized": False}
 # Live communicators (destroyed by finalize_lib) and TCPStore servers started by get_unique_id.
-_communicators: weakref.WeakSet[Any] = weakref.WeakSet()
-_servers: dict[str, Any] = {}
+communicators: weakref.WeakSet[Any] = weakref.WeakSet()
+servers: dict[str, Any] = {}
 
 
 def init_lib() -> None:
@@ -17,8 +17,8 @@ def init_lib() -> None:
     Call it before any other wholemem function (the original required it before
     any CUDA call; here it only resets the library state).
     """
-    _state["initialized"] = True
-    _state["finalized"] = False
+    state["initialized"] = True
+    state["finalized"] = False
 
 
 def finalize_lib() -> None:
@@ -27,12 +27,12 @@ def finalize_lib() -> None:
     Tensors created before become unusable: any wholemem operation on them raises
     ``RuntimeError``. Memory is released once the tensors are garbage collected.
     """
-    for comm in list(_communicators):
-        comm._mark_destroyed()
-    _communicators.clear()
-    _servers.clear()
-    _state["initialized"] = False
-    _state["finalized"] = True
+    for comm in list(communicators):
+        comm.close_locally()
+    communicators.clear()
+    servers.clear()
+    state["initialized"] = False
+    state["finalized"] = True
 
 
 def require_init(what: str) -> None:
@@ -43,7 +43,7 @@ def require_init(what: str) -> None:
     RuntimeError
         After :func:`finalize_lib`, or before :func:`init_lib`.
     """
-    if _state["finalized"]:
+    if state["finalized"]:
         raise RuntimeError(f"wholemem.{what}: the library was finalized (finalize_lib); call init_lib() again first")
-    if not _state["initialized"]:
+    if not state["initialized"]:
         raise RuntimeError(f"wholemem.{what}: call wholemem.init_lib() first")

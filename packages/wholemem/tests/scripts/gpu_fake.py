@@ -2,20 +2,22 @@
 
 "Device" allocations are shared-memory segments, an "IPC handle" is the segment's name,
 opening a handle maps the segment, and row tables stay on the host. The GPU-resident
-code paths of wholemem (collective IPC exchange, chunk tables over mapped peer chunks,
-the torch-op routing of GPU NCCL tensors, host registration, the lifetime rules) then
-run on CPU-only machines and their results can be checked exactly. Every call is
-counted so tests can assert what was allocated, mapped, closed and freed.
+code paths of wholemem (device binding, collective IPC exchange, chunk tables over
+mapped peer chunks, reference-counted chunk lifetimes, the torch-op routing of GPU NCCL
+tensors, host registration, barrier synchronisation) then run on CPU-only machines and
+their results can be checked exactly. Tensors over raw memory go through the same DLPack
+capsule as on a GPU (with a CPU device). Every call is counted so tests can assert what
+was allocated, mapped, closed, synchronised and freed.
 """
 
 from __future__ import annotations
 
-import ctypes
 from collections import Counter
 from typing import Any
 
 import torch
 
+from wholemem import _wholemem
 from wholemem._gpu import Backend
 from wholemem._wholemem import Segment
 
@@ -23,19 +25,31 @@ from wholemem._wholemem import Segment
 class FakeGpuBackend(Backend):
     on_device = False  # tables hold host addresses: the CPU row code runs
 
-    def __init__(self) -> None:
+    def __init__(self, count: int = 1, current: int = 0, initialized: bool = False) -> None:
         self.own: dict[int, Any] = {}  # address -> Segment allocated here
         self.opened: dict[int, Any] = {}  # address -> Segment mapped from a peer
         self.registered: dict[int, int] = {}  # host_register'ed address -> bytes
         self.calls: Counter[str] = Counter()
         self.freed: list[int] = []
+        self.synced: list[torch.device] = []
+        self.count, self.current, self.initialized = count, current, initialized
+        self.bound: list[int] = []  # set_device calls
 
     def require(self, what: str) -> None:
         self.calls["require"] += 1
 
-    def resolve(self, device: torch.device) -> torch.device:
-        assert device.type == "cuda", device
-        return torch.device("cpu")
+    def device_count(self) -> int:
+        return self.count
+
+    def current_device(self) -> tuple[int, bool]:
+        return self.current, self.initialized
+
+    def set_device(self, index: int) -> None:
+        self.bound.append(index)
+        self.current, self.initialized = index, True
+
+    def device(self, index: int) -> torch.device:
+        return torch.device("cpu")  # "device" memory is host memory here
 
     def alloc(self, nbytes: int, device: torch.device) -> int:
         self.calls["alloc"] += 1
@@ -61,20 +75,26 @@ class FakeGpuBackend(Backend):
         self.opened[int(seg.address)] = seg
         return int(seg.address)
 
-    def ipc_close(self, ptr: int) -> None:
+    def ipc_close(self, ptr: int, device: torch.device) -> None:
         self.calls["ipc_close"] += 1
         del self.opened[ptr]
 
     def as_tensor(self, ptr: int, nbytes: int, device: torch.device, owner: Any) -> torch.Tensor:
-        buf = (ctypes.c_uint8 * nbytes).from_address(ptr)
-        buf.owner = owner  # type: ignore[attr-defined]  # the tensor keeps the owner alive
-        return torch.frombuffer(buf, dtype=torch.uint8)
+        cap = _wholemem.bytes_as_dlpack(ptr, nbytes, _wholemem.DLPACK_CPU, 0, owner)
+        return torch.from_dlpack(cap)
 
     def stream(self, device: torch.device) -> int:
         return 0
 
-    def synchronize(self) -> None:
+    def synchronize(self, device: torch.device) -> None:
         self.calls["synchronize"] += 1
+        self.synced.append(device)
+
+    def check_indices(self, idx: torch.Tensor, nrows: int) -> None:
+        bad = (idx < 0) | (idx >= nrows)
+        if bool(bad.any()):
+            pos = int(torch.nonzero(bad)[0, 0])
+            raise IndexError(f"index {int(idx[pos])} at position {pos} is out of range for {nrows} rows")
 
     def host_register(self, addr: int, nbytes: int, device: torch.device) -> int:
         self.calls["host_register"] += 1

@@ -2,7 +2,9 @@
 
 1. A GPU request raises on every rank (also when only rank 0 asks): nobody hangs.
 2. The GPU code paths over host memory (gpu_fake): CUDA-IPC-style chunk exchange between
-   processes, GPU NCCL routing, writes seen by all, unmapping and freeing at destroy.
+   processes (GPU CHUNKED and DEVICE), GPU NCCL routing, writes seen by all, reference-
+   counted lifetimes (a tensor deleted on every rank is unmapped and freed by the next
+   collective call; tensors made in a loop do not accumulate), unmapping at destroy.
 3. Two simulated nodes (WHOLEMEM_NODE_ID): HOST / CHUNKED / DEVICE refuse on every rank
    and name NCCL; NCCL works.
 """
@@ -20,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_fake import FakeGpuBackend
 
 import wholemem as wg
-from wholemem import _gpu
+from wholemem import _devmem, _gpu
 
 T = wg.WmTensorType
 
@@ -64,7 +66,7 @@ def main() -> None:
             assert t.is_gpu
             if ty is T.CHUNKED:
                 opened += size - 1
-                assert fake.calls["ipc_open"] == opened and len(fake.opened) == opened
+                assert fake.calls["ipc_open"] == opened
                 fake.unlink_all()  # every rank mapped every chunk
             local, first = wg.get_local_tensor(t)
             rows = torch.arange(first, first + local.shape[0])
@@ -82,11 +84,47 @@ def main() -> None:
             comm.barrier()
     del t, local
     gc.collect()
-    assert fake.freed == []  # nothing freed before the collective destroy
+    comm.barrier()  # every rank dropped every tensor: every chunk is unmapped and freed
+    assert fake.calls["ipc_close"] == opened and not fake.opened
+    assert not fake.own and len(fake.freed) == 3, (fake.own, fake.freed)
+
+    # DEVICE: one allocation on the node leader, mapped by the peers; writes seen by all
+    d = wg.create_wm_tensor(comm, [10, 3], [], torch.int64, T.DEVICE)
+    fake.unlink_all()
+    assert wg.get_wm_tensor_type(d) is T.DEVICE and len(fake.own) == (1 if rank == 0 else 0)
+    d[rank::size] = enc(torch.arange(rank, 10, size), torch.int64)
+    comm.barrier()
+    assert torch.equal(d, enc(torch.arange(10), torch.int64))
+    assert torch.equal(wg.gather(d, torch.tensor([9, 2])), enc(torch.tensor([9, 2]), torch.int64))
+    comm.barrier()
+    del d
+    gc.collect()
+    comm.barrier()
+    assert not fake.own and not fake.opened
+
+    # tensors made and dropped in a loop do not accumulate device memory
+    for _ in range(6):
+        t = wg.create_wm_tensor(comm, [10, 3], [], torch.float32, T.CHUNKED, device="cuda")
+        fake.unlink_all()
+        assert len(fake.own) <= 2  # this one, and at most the previous one not yet released by a peer
+        del t
+        gc.collect()
+    comm.barrier()
+    assert not fake.own and _devmem.live_chunks() == 0
+
+    # destroy while a tensor and a local view of it are alive: unmapped at destroy, the own
+    # chunk freed only when the local view dies
+    t = wg.create_wm_tensor(comm, [10, 3], [], torch.float32, T.CHUNKED, device="cuda")
+    fake.unlink_all()
+    local, _ = wg.get_local_tensor(t)
+    own = list(fake.own)
     comm.destroy()
     gc.collect()
-    assert fake.calls["ipc_close"] == opened and not fake.opened
-    assert not fake.own and len(fake.freed) == 3, fake.freed
+    assert not fake.opened and list(fake.own) == own
+    local[0, 0] = 1.0  # still valid
+    del t, local
+    gc.collect()
+    assert not fake.own, fake.own
     _gpu.set_backend(_gpu.CudaBackend())
 
     # 3. two simulated nodes

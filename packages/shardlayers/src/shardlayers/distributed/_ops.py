@@ -7,6 +7,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distkit_common.validate import Checks, check_tensor
+
 from .._tag import tag_output, untag
 from ._state import state
 
@@ -173,17 +175,16 @@ class _GatherReduceScatter(torch.autograd.Function):
         return reduce_scatter(g, ctx.dim, ctx.group, ctx.sizes), None, None, None
 
 
+#: a dim out of range is an IndexError, as in torch
+_CHECKS = Checks(value_error=IndexError)
+
+
 def _check_tensor(x: Any) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"input must be a torch.Tensor, got {type(x).__name__}")
+    check_tensor(x, "input")
 
 
 def _check_axis(x: torch.Tensor, dim: int) -> int:
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"dim must be an int, got {dim!r}")
-    if not -x.dim() <= dim < x.dim():
-        raise IndexError(f"dim {dim} out of range for a tensor of shape {tuple(x.shape)}")
-    return dim % x.dim()
+    return int(_CHECKS.axis(dim, "dim", x.dim()))
 
 
 def copy(input: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from . import functional, init
 from ._embedding import ParallelEmbedding, convert_parallel_embedding
 from ._linear import ColumnParallelLinear, ParallelLinear, RowParallelLinear, convert_parallel_linear
-from ._loss import ParallelCrossEntropyLoss, RegisterParallelDim, SequenceParallelLayerNorm
+from ._loss import ParallelCrossEntropyLoss, RegisterParallelDim
+from ._sequence import SequenceParallelDropout, SequenceParallelLayerNorm
 from .init import shard_init_helper_  # the API docs also name it ts.nn.shard_init_helper_
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "ParallelLinear",
     "RegisterParallelDim",
     "RowParallelLinear",
+    "SequenceParallelDropout",
     "SequenceParallelLayerNorm",
     "convert_parallel_embedding",
     "convert_parallel_linear",

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._split import partition_range
+from .._split import padded_size, partition_range
 from .._tag import _FULL_SIZE, _PARALLEL_DIM, check_dim, register_parallel_attribute
 from . import functional as PF
 from ._linear import _check_features, _convert, _load_slices, _tp, track_parameters
@@ -41,14 +41,23 @@ class ParallelEmbedding(nn.Module):
     gather_output : bool
         For ``dim=-1``: return the full (all-gathered) output (default) or the local split.
     uneven : bool
-        Allow a split size that does not divide the group size.
+        Allow a split size that does not divide the group size (shards cut as ``torch.chunk``).
+    pad_to_multiple_of : int, optional
+        ``dim=0`` only: every rank stores a multiple of this many rows, real rows first
+        (Megatron's ``make_vocab_size_divisible_by``); padding rows are zero and never looked up.
+    sequence_parallel : bool
+        ``dim=0`` only: reduce-scatter the output along ``sequence_dim`` instead of all-reducing it
+        (the first layer of a sequence-parallel region).
+    sequence_dim : int
+        Sequence dimension of the output.
     device, dtype : optional
-        Placement of the weight.
+        Placement of the weight (``meta``: not initialised).
 
     Raises
     ------
     ValueError
-        Invalid ``dim``, sizes, ``padding_idx``, or a size that does not divide.
+        Invalid ``dim``, sizes, ``padding_idx``, a size that does not divide, or padding /
+        sequence parallelism with ``dim != 0``.
     RuntimeError
         If ``dim`` is not None and the process groups are not initialised.
     """
@@ -67,6 +76,9 @@ class ParallelEmbedding(nn.Module):
         *,
         gather_output: bool = True,
         uneven: bool = False,
+        pad_to_multiple_of: int | None = None,
+        sequence_parallel: bool = False,
+        sequence_dim: int = 0,
         device: Any = None,
         dtype: Any = None,
     ) -> None:
@@ -74,6 +86,13 @@ class ParallelEmbedding(nn.Module):
         self.num_embeddings = _check_features("num_embeddings", num_embeddings)
         self.embedding_dim = _check_features("embedding_dim", embedding_dim)
         self.dim = check_dim(dim)
+        if pad_to_multiple_of is not None:
+            _check_features("pad_to_multiple_of", pad_to_multiple_of)
+        if (pad_to_multiple_of is not None or sequence_parallel) and dim != 0:
+            raise ValueError(f"pad_to_multiple_of and sequence_parallel need dim=0, got dim={dim!r}")
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.sequence_parallel = bool(sequence_parallel)
+        self.sequence_dim = int(sequence_dim)
         track_parameters(self)
         if padding_idx is not None:
             if not -num_embeddings <= padding_idx < num_embeddings:
@@ -97,7 +116,9 @@ class ParallelEmbedding(nn.Module):
         v_l, d_l = num_embeddings, embedding_dim
         if dim is not None:
             p, r = _tp()
-            if dim == 0:
+            if dim == 0 and pad_to_multiple_of is not None:
+                v_l = padded_size(num_embeddings, p, pad_to_multiple_of)
+            elif dim == 0:
                 v_l = partition_range(num_embeddings, p, r, uneven=uneven, what="num_embeddings")[1]
             else:
                 d_l = partition_range(embedding_dim, p, r, uneven=uneven, what="embedding_dim")[1]
@@ -148,6 +169,7 @@ class ParallelEmbedding(nn.Module):
             num_embeddings=self.num_embeddings,
             dim=self.dim,
             gather_output=self.gather_output,
+            sequence_dim=self.sequence_dim if self.sequence_parallel else None,
         )
 
     def extra_repr(self) -> str:

@@ -9,7 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._split import partition_range
+from distkit_common.validate import check_int
+
+from .._split import padded_size, partition_range
 from .._tag import _FULL_SIZE, _PARALLEL_DIM, check_dim, register_parallel_attribute
 from . import functional as PF
 from .init import init_shard_
@@ -45,11 +47,7 @@ def _tp() -> tuple[int, int]:
 
 
 def _check_features(name: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name} must be an int, got {v!r}")
-    if v < 1:
-        raise ValueError(f"{name} must be >= 1, got {v}")
-    return v
+    return int(check_int(v, name, lo=1))
 
 
 class ParallelLinear(nn.Module):
@@ -73,14 +71,19 @@ class ParallelLinear(nn.Module):
     dim : {None, 0, 1, -1}
         Parallel dim.
     uneven : bool
-        Allow a split size that does not divide the group size.
+        Allow a split size that does not divide the group size (shards cut as ``torch.chunk``).
+    pad_to_multiple_of : int, optional
+        Column dims only (a vocabulary head): every rank stores a multiple of this many output
+        rows, real rows first (Megatron's ``make_vocab_size_divisible_by``); padding rows are zero
+        and their output columns are ``-inf``. Implies an uneven split where needed.
     device, dtype : optional
-        Placement of the parameters (initialised on the CPU, then moved).
+        Placement of the parameters (initialised on the CPU, then moved; ``meta``: not initialised).
 
     Raises
     ------
     ValueError
-        If ``dim`` is not None/0/1/-1, or the split size does not divide (and not ``uneven``).
+        If ``dim`` is not None/0/1/-1, the split size does not divide (and not ``uneven``), or
+        ``pad_to_multiple_of`` is given for a non-column dim or is < 1.
     RuntimeError
         If ``dim`` is not None and the process groups are not initialised.
     """
@@ -93,6 +96,7 @@ class ParallelLinear(nn.Module):
         dim: int | None = None,
         *,
         uneven: bool = False,
+        pad_to_multiple_of: int | None = None,
         device: Any = None,
         dtype: Any = None,
     ) -> None:
@@ -101,12 +105,20 @@ class ParallelLinear(nn.Module):
         self.out_features = _check_features("out_features", out_features)
         self.dim = check_dim(dim)
         self.uneven = bool(uneven)
+        if pad_to_multiple_of is not None:
+            _check_features("pad_to_multiple_of", pad_to_multiple_of)
+            if dim not in (1, -1):
+                raise ValueError(f"pad_to_multiple_of needs a column dim (-1 or 1), got dim={dim!r}")
+        self.pad_to_multiple_of = pad_to_multiple_of
         track_parameters(self)
         out_l, in_l = out_features, in_features
         if dim is not None:
             p, r = _tp()
             if dim in (1, -1):
-                out_l = partition_range(out_features, p, r, uneven=uneven, what="out_features")[1]
+                if pad_to_multiple_of is not None:
+                    out_l = padded_size(out_features, p, pad_to_multiple_of)
+                else:
+                    out_l = partition_range(out_features, p, r, uneven=uneven, what="out_features")[1]
             else:
                 in_l = partition_range(in_features, p, r, uneven=uneven, what="in_features")[1]
         kw = {"device": device, "dtype": dtype}
@@ -149,6 +161,8 @@ class ParallelLinear(nn.Module):
         """Apply the layer (see the class docstring)."""
         if _PARALLEL_DIM not in self.weight.__dict__:
             self._register_tags()
+        if self.pad_to_multiple_of is not None:
+            return PF.column_linear(input, self.weight, self.bias, num_outputs=self.out_features)
         return PF.parallel_linear(input, self.weight, self.bias, self.dim)
 
     def extra_repr(self) -> str:
@@ -193,13 +207,16 @@ class ColumnParallelLinear(ParallelLinear):
         reduce-scattered backward (instead of an all-reduce).
     sequence_dim : int
         Sequence dimension of the input (Megatron uses ``[s, b, h]``, i.e. 0).
-    uneven, device, dtype
+    local_output : bool
+        Return the local output as a plain tensor (no ``ParallelTensor`` tag), as DTensor's
+        ``use_local_output=True``; the next layer must then be told its input is split.
+    uneven, pad_to_multiple_of, device, dtype
         As for :class:`ParallelLinear`.
 
     Raises
     ------
     ValueError
-        Bad sizes, or ``gather_output`` with ``sequence_parallel``.
+        Bad sizes, or ``gather_output`` with ``sequence_parallel`` or padding.
     RuntimeError
         If the process groups are not initialised.
     """
@@ -213,16 +230,28 @@ class ColumnParallelLinear(ParallelLinear):
         *,
         sequence_parallel: bool = False,
         sequence_dim: int = 0,
+        local_output: bool = False,
         uneven: bool = False,
+        pad_to_multiple_of: int | None = None,
         device: Any = None,
         dtype: Any = None,
     ) -> None:
-        if gather_output and sequence_parallel:
-            raise ValueError("gather_output=True is incompatible with sequence_parallel=True")
-        super().__init__(in_features, out_features, bias, -1, uneven=uneven, device=device, dtype=dtype)
+        if gather_output and pad_to_multiple_of is not None:
+            raise ValueError("gather_output=True is incompatible with pad_to_multiple_of")
+        super().__init__(
+            in_features,
+            out_features,
+            bias,
+            -1,
+            uneven=uneven,
+            pad_to_multiple_of=pad_to_multiple_of,
+            device=device,
+            dtype=dtype,
+        )
         self.gather_output = bool(gather_output)
         self.sequence_parallel = bool(sequence_parallel)
         self.sequence_dim = int(sequence_dim)
+        self.local_output = bool(local_output)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         """Apply the layer."""
@@ -234,6 +263,8 @@ class ColumnParallelLinear(ParallelLinear):
             self.bias,
             gather_output=self.gather_output,
             sequence_dim=self.sequence_dim if self.sequence_parallel else None,
+            local_output=self.local_output,
+            num_outputs=self.out_features,
         )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._tag import check_dim, register_parallel_dim, tag_output
@@ -115,25 +114,3 @@ class RegisterParallelDim(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"
-
-
-class SequenceParallelLayerNorm(nn.LayerNorm):
-    """``nn.LayerNorm`` for a sequence-parallel region: each rank normalises its own sequence chunk,
-    and the gradients of the (replicated) affine parameters are summed over the tensor-parallel group
-    in the backward, so they stay identical on every rank.
-
-    Parameters are those of ``nn.LayerNorm``.
-
-    Raises
-    ------
-    RuntimeError
-        In ``forward``, if the process groups are not initialised.
-    """
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        """Normalise ``input`` (a sequence chunk)."""
-        from ..distributed import copy
-
-        weight = copy(self.weight) if self.weight is not None else None
-        bias = copy(self.bias) if self.bias is not None else None
-        return F.layer_norm(input, self.normalized_shape, weight, bias, self.eps)

@@ -14,10 +14,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .._split import partition_sizes
-from .._tag import _FULL_SIZE, _PARALLEL_DIM, check_dim, tag_output, untag
-from .._xent import _FLOATS, _REDUCTIONS, VocabParallelCrossEntropy
+from .._tag import _FULL_SIZE, _PARALLEL_DIM, check_dim, tag_output, untag, valid_size
+from .._xent import _FLOATS, _REDUCTIONS, VocabParallelCrossEntropy, check_same_device
 from ..distributed import _ops
 from ..distributed._ops import group_info
+from ..distributed._sequence import gather_sequence, is_gathered
 
 __all__ = ["parallel_cross_entropy", "parallel_embedding", "parallel_linear"]
 
@@ -31,8 +32,9 @@ def _is_column_tag(t: torch.Tensor) -> bool:
 
 
 class _ColumnLinear(torch.autograd.Function):
-    """y = x W^T + b on a full (or sequence-gathered) input; backward overlaps the input-gradient
-    all-reduce (or reduce-scatter) with the weight-gradient matmul."""
+    """y = x W^T + b on a full (replicated or sequence-gathered) input; backward all-reduces the
+    input gradient (Megatron's f), overlapped with the weight-gradient matmul, unless the input came
+    from a sequence gather (whose backward reduce-scatters the summed gradient instead)."""
 
     @staticmethod
     def forward(
@@ -41,16 +43,11 @@ class _ColumnLinear(torch.autograd.Function):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         group: Any,
-        seq_dim: int | None,
+        reduce_input_grad: bool,
     ) -> torch.Tensor:
-        total = x
-        sizes = None
-        if seq_dim is not None:
-            sizes = _ops.exchange_sizes(x.shape[seq_dim], group)
-            total = _ops.all_gather(x, seq_dim, group, sizes)
-        ctx.save_for_backward(total, weight)
-        ctx.group, ctx.seq_dim, ctx.sizes, ctx.has_bias = group, seq_dim, sizes, bias is not None
-        return F.linear(total, weight, bias)
+        ctx.save_for_backward(x, weight)
+        ctx.group, ctx.reduce, ctx.has_bias = group, reduce_input_grad, bias is not None
+        return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
@@ -62,15 +59,13 @@ class _ColumnLinear(torch.autograd.Function):
         handle = None
         if ctx.needs_input_grad[0]:
             grad_in = g.matmul(weight)
-            if p > 1 and ctx.seq_dim is None:
+            if p > 1 and ctx.reduce:
                 handle = dist.all_reduce(grad_in, group=group, async_op=OVERLAP_GRAD_ALLREDUCE)
         g2 = g.reshape(-1, g.shape[-1])
         grad_w = g2.t().matmul(total.reshape(-1, total.shape[-1])) if ctx.needs_input_grad[1] else None
         grad_b = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         if handle is not None and OVERLAP_GRAD_ALLREDUCE:
             handle.wait()
-        if grad_in is not None and ctx.seq_dim is not None:
-            grad_in = _ops.reduce_scatter(grad_in, ctx.seq_dim, group, ctx.sizes)
         return grad_in, grad_w, grad_b, None, None
 
 
@@ -85,9 +80,19 @@ def column_linear(
     *,
     gather_output: bool = False,
     sequence_dim: int | None = None,
+    local_output: bool = False,
+    num_outputs: int | None = None,
 ) -> torch.Tensor:
-    """Column-parallel linear on local shards ``weight [out_local, in]``, ``bias [out_local]``."""
-    group, p, _ = group_info()
+    """Column-parallel linear on local shards ``weight [out_local, in]``, ``bias [out_local]``.
+
+    ``sequence_dim``: the input is split along it (sequence parallel) and is all-gathered first,
+    once per tensor (see ``shardlayers.distributed._sequence``). ``local_output``: return the
+    local output as a plain tensor instead of a tagged ``ParallelTensor``. ``num_outputs``: the
+    real number of output features when the weight's rows are padded (a padded vocabulary):
+    padding columns of the output are ``-inf`` and the output records the real size, so the
+    vocab-parallel cross-entropy leaves them out.
+    """
+    group, p, rank = group_info()
     if _is_column_tag(input) and sequence_dim is None:
         raise ValueError(
             "tag mismatch: the input of a column-parallel linear (dim=-1) is tagged as split along its "
@@ -96,13 +101,26 @@ def column_linear(
     x = untag(input)
     if x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"input has {x.shape[-1]} features, the layer expects {weight.shape[-1]}")
-    seq = None
-    if sequence_dim is not None:
-        seq = sequence_dim % x.dim()
-    out: torch.Tensor = _ColumnLinear.apply(x, weight, bias, group, seq)
+    if is_gathered(x):  # already the whole sequence; its gather reduce-scatters the gradient
+        reduce = False
+    elif sequence_dim is not None:
+        x = gather_sequence(x, sequence_dim, group)
+        reduce = False
+    else:
+        reduce = True
+    out: torch.Tensor = _ColumnLinear.apply(x, weight, bias, group, reduce)
+    full = _full_size(weight, 0, p)
+    real = partition_sizes(full, p)[rank]
+    padded = out.shape[-1] > real
+    if padded:  # padding rows of a padded vocabulary: no class there
+        out.narrow(-1, real, out.shape[-1] - real).fill_(float("-inf"))
     if gather_output:
-        return _ops._Gather.apply(out, out.dim() - 1, group, partition_sizes(_full_size(weight, 0, p), p))
-    return tag_output(out, -1)
+        if padded:
+            raise ValueError("gather_output is not supported with padded outputs")
+        return _ops._Gather.apply(out, out.dim() - 1, group, partition_sizes(full, p))
+    if local_output:
+        return out
+    return tag_output(out, -1, num_outputs)
 
 
 def row_linear(
@@ -199,6 +217,7 @@ def parallel_embedding(
     dim: int | None = None,
     *,
     gather_output: bool = True,
+    sequence_dim: int | None = None,
 ) -> torch.Tensor:
     """Embedding lookup over the tensor-parallel group, on this rank's weight shard.
 
@@ -224,6 +243,9 @@ def parallel_embedding(
         Parallel dim of the table.
     gather_output : bool
         For ``dim=-1``: all-gather the output (default, TorchShard) or keep it split.
+    sequence_dim : int, optional
+        For ``dim=0``: reduce-scatter the output along this dim (sequence parallel) instead of
+        all-reducing it. The weight may hold padding rows after this rank's real rows.
 
     Returns
     -------
@@ -258,7 +280,7 @@ def parallel_embedding(
     n_full = int(num_embeddings) if num_embeddings is not None else _full_size(weight, 0, p)
     sizes = partition_sizes(n_full, p)
     start, n = sum(sizes[:rank]), sizes[rank]
-    if n != weight.shape[0]:
+    if weight.shape[0] < n:
         raise ValueError(f"weight shard has {weight.shape[0]} rows, expected {n}")
     outside = (ids < start) | (ids >= start + n)
     local = torch.where(outside, torch.zeros_like(ids), ids - start)
@@ -268,6 +290,9 @@ def parallel_embedding(
         pad = pi - start if start <= pi < start + n else None
     out = F.embedding(local, weight, pad, max_norm, norm_type, scale_grad_by_freq, sparse)
     out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+    if sequence_dim is not None:
+        scattered: torch.Tensor = _ops._ReduceScatter.apply(out, sequence_dim % out.dim(), group, None)
+        return scattered
     result: torch.Tensor = _ops._Reduce.apply(out, group, True)
     return result
 
@@ -332,7 +357,8 @@ def parallel_cross_entropy(
     IndexError
         If a target is outside ``[0, C)`` and not ``ignore_index``.
     RuntimeError
-        If the input is tagged and the process groups are not initialised.
+        If the input is tagged and the process groups are not initialised, or ``target`` is on
+        another device than ``input`` (``F.cross_entropy``'s error).
     """
     if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS:
         raise TypeError(f"input must be a floating tensor, got {getattr(input, 'dtype', type(input))}")
@@ -363,8 +389,9 @@ def parallel_cross_entropy(
             f"target shape {tuple(target.shape)} must equal the logits shape without the class dim "
             f"{tuple(input.shape[:-1])}"
         )
+    check_same_device(input, target)
     group, _, _ = group_info()
     loss: torch.Tensor = VocabParallelCrossEntropy.apply(
-        untag(input), target, weight, int(ignore_index), reduction, float(label_smoothing), group
+        untag(input), target, weight, int(ignore_index), reduction, float(label_smoothing), group, valid_size(input)
     )
     return loss

@@ -8,19 +8,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .._split import partition_range
-from .._tag import _FULL_SIZE, _PARALLEL_DIM, storage_axis
+from .._split import shard_extent
+from .._tag import _PARALLEL_DIM, storage_axis
 
 __all__ = ["shard_init_helper_"]
-
-
-def full_shape(tensor: torch.Tensor, group_size: int) -> tuple[list[int], int | None]:
-    """The unsplit shape of a tagged parameter and its split storage axis."""
-    axis = storage_axis(tensor)
-    shape = list(tensor.shape)
-    if axis is not None:
-        shape[axis] = int(getattr(tensor, _FULL_SIZE, shape[axis] * group_size))
-    return shape, axis
 
 
 def shard_init_helper_(init_method: Callable[..., Any], tensor: torch.Tensor, **kwargs: Any) -> torch.Tensor:
@@ -86,11 +77,12 @@ def init_shard_(
 ) -> torch.Tensor:
     """Initialise ``tensor`` as this rank's slice of a full CPU tensor initialised by ``init_method``
     (the layers' ``reset_parameters``: same RNG draws as the ``torch.nn`` layer, no communication
-    unless ``broadcast``)."""
+    unless ``broadcast``). Padding rows (a padded vocabulary) are zero. A ``meta`` tensor is left
+    alone: nothing is drawn (parallelize_module builds layers on ``meta`` and assigns the shards)."""
+    if tensor.device.type == "meta":
+        return tensor
     with torch.no_grad():
         if storage_axis(tensor) is None:  # replicated (untagged, or e.g. a row-parallel bias)
-            if tensor.device.type == "meta":
-                return tensor
             full = torch.empty(tensor.shape, dtype=tensor.dtype)
             init_method(full, **kwargs)
             if broadcast:
@@ -100,13 +92,15 @@ def init_shard_(
         from ..distributed import get_group_size, get_rank
 
         p, r = get_group_size(), get_rank()
-        shape, axis = full_shape(tensor, p)
+        axis, full_n, start, n = shard_extent(tensor, p, r)
+        assert axis is not None
+        shape = list(tensor.shape)
+        shape[axis] = full_n
         full = torch.empty(shape, dtype=tensor.dtype)
         init_method(full, **kwargs)
-        if broadcast and tensor.device.type != "meta":
+        if broadcast:
             _broadcast_from_rank0(full)
-        assert axis is not None
-        start, n = partition_range(shape[axis], p, r)
-        if tensor.device.type != "meta":
-            tensor.copy_(full.narrow(axis, start, n))
+        tensor.narrow(axis, 0, n).copy_(full.narrow(axis, start, n))
+        if tensor.shape[axis] > n:
+            tensor.narrow(axis, n, tensor.shape[axis] - n).zero_()
     return tensor

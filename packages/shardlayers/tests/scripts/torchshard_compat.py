@@ -19,13 +19,13 @@ from torch import nn
 import shardlayers as ts
 
 try:
-    from workers.common import close, raises
+    from scripts.common import close, raises
 except ImportError:  # loaded by file path
     import os
     import sys
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from workers.common import close, raises
+    from scripts.common import close, raises
 
 TOL = {"atol": 1e-10, "rtol": 1e-10}
 

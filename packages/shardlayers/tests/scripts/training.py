@@ -15,13 +15,13 @@ import shardlayers as ts
 from distkit_common.testing import init_process_group
 
 try:
-    from workers.common import close, shard
+    from scripts.common import close, shard
 except ImportError:  # loaded by file path
     import os
     import sys
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from workers.common import close, shard
+    from scripts.common import close, shard
 
 VOCAB, HIDDEN, HEADS, SEQ = 32, 16, 4, 6
 

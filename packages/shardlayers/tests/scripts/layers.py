@@ -10,15 +10,15 @@ import shardlayers as ts
 from distkit_common.testing import init_process_group
 
 try:
-    from workers import torchshard_compat
-    from workers.common import close, raises, shard
+    from scripts import torchshard_compat
+    from scripts.common import close, raises, shard
 except ImportError:  # loaded by file path
     import os
     import sys
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from workers import torchshard_compat
-    from workers.common import close, raises, shard
+    from scripts import torchshard_compat
+    from scripts.common import close, raises, shard
 
 
 def check_linear(p: int, r: int) -> None:
@@ -326,9 +326,9 @@ def check_tags_and_errors(p: int, r: int) -> None:
     )
     raises(ValueError, ts.distributed.init_process_group, 3 if p != 3 else 5, match="divide")
     raises(TypeError, ts.distributed.init_process_group, 1.0, match="int")
-    raises(
-        ValueError, ts.nn.ColumnParallelLinear, 4, 4, gather_output=True, sequence_parallel=True, match="incompatible"
-    )
+    raises(ValueError, ts.nn.ColumnParallelLinear, 4, 4, gather_output=True, pad_to_multiple_of=8, match="incompatible")
+    raises(ValueError, ts.nn.ParallelLinear, 4, 4, dim=0, pad_to_multiple_of=8, match="column dim")
+    raises(ValueError, ts.nn.ParallelEmbedding, 4, 4, dim=-1, pad_to_multiple_of=8, match="dim=0")
     raises(TypeError, ts.distributed.scatter, [1], match="tensor")
     raises(IndexError, ts.distributed.gather, torch.zeros(2), 3, match="out of range")
     # autograd ops: closed form

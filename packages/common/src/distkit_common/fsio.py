@@ -1,0 +1,262 @@
+"""Atomic directory commits: write beside, make durable, swap in, clean up after crashes.
+
+A checkpoint (distx-fake) or a server's saved state (kvps) is a folder written
+by several processes. Readers must see either the previous folder or the new
+one, never a half-written one, even if a writer is killed. The recipe:
+
+1. write everything into a temporary sibling ``<path>.tmp-<random>``
+   (:func:`temporary_sibling`), each writer first leaving an owner marker in it
+   (:func:`claim`: host, boot id, pid and process start time);
+2. make the files durable (:func:`write_file` or the caller's own ``fsync``);
+3. :func:`commit_dir`: fsync the folder, swap it with ``path`` atomically
+   (``renameat2(RENAME_EXCHANGE)`` where the filesystem has it, else two
+   renames with a tiny window without ``path``), remove the previous folder,
+   fsync the parent, drop the markers;
+4. before the next save, :func:`clean_stale` removes the temporary siblings
+   left by writers that provably died.
+
+"Provably dead" is decided on the writer's own host only: the marker names a
+host, and a folder whose writer ran on another host (a shared filesystem in a
+cluster) is never removed, since this host cannot see that process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from . import _distkit_common as _native
+
+#: file name prefix of the owner markers inside a temporary folder
+MARKER_PREFIX = ".distkit-owner-rank"
+#: the part of a temporary sibling's name between the target's name and the random token
+TMP_INFIX = ".tmp-"
+
+PathLike = str | os.PathLike[str]
+
+
+def fsync_path(path: PathLike) -> None:
+    """fsync a file or a directory by path.
+
+    Raises
+    ------
+    OSError
+        If it cannot be opened or synced (errno kept).
+    """
+    _native.fsync_path(os.fspath(path))
+
+
+def write_file(path: PathLike, data: bytes, *, sync: bool = True) -> None:
+    """Write ``data`` to a new file and (by default) fsync it before returning.
+
+    Raises
+    ------
+    OSError
+        On any write or sync failure.
+    """
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        if sync:
+            os.fsync(f.fileno())
+
+
+def temporary_sibling(path: PathLike, token: str | None = None) -> str:
+    """``<path>.tmp-<token>``: the folder to write into before :func:`commit_dir`.
+
+    ``token`` defaults to 16 random hex digits; ranks that write together agree
+    on one (rank 0 draws it and broadcasts it).
+    """
+    return f"{os.fspath(path)}{TMP_INFIX}{token or secrets.token_hex(8)}"
+
+
+# ------------------------------------------------------------------ ownership
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _proc_start(pid: int) -> str | None:
+    """Start time of ``pid`` (clock ticks since boot), ``None`` if there is no such
+    process, ``""`` if it exists but cannot be read. A zombie counts as gone: it
+    will never write again."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:
+        return ""
+    # the command name may hold spaces and parentheses: fields start after the last ')'
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if fields and fields[0] in ("Z", "X"):
+        return None
+    return fields[19] if len(fields) > 19 else ""
+
+
+def owner_record() -> dict[str, Any]:
+    """Who this process is, as written into a marker."""
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "boot_id": _boot_id(), "pid": pid, "start": _proc_start(pid) or ""}
+
+
+def claim(tmp: PathLike, rank: int) -> None:
+    """Record in ``tmp`` that this process (as ``rank``) writes into it.
+
+    Raises
+    ------
+    OSError
+        If the marker cannot be written.
+    """
+    write_file(os.path.join(tmp, f"{MARKER_PREFIX}{int(rank)}.json"), json.dumps(owner_record()).encode(), sync=False)
+
+
+def owner_alive(record: Any) -> bool:
+    """False only if the recorded writer provably no longer runs.
+
+    It must have run on this host (same hostname) and either the host rebooted
+    since (other boot id), or its pid is gone, a zombie, or reused by a process
+    that started later. Anything else (another host, an unreadable record)
+    counts as alive.
+    """
+    if not isinstance(record, dict) or record.get("host") != socket.gethostname():
+        return True
+    boot = _boot_id()
+    if boot and record.get("boot_id") and record["boot_id"] != boot:
+        return False
+    pid = record.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return True
+    start = _proc_start(pid)
+    if start is None:
+        return False
+    return not (start and record.get("start") and start != record["start"])
+
+
+def is_abandoned(tmp: PathLike) -> bool:
+    """True if every writer that claimed ``tmp`` is provably dead (see :func:`owner_alive`).
+
+    A folder with no marker (foreign, or created a moment ago) is not abandoned.
+    """
+    try:
+        names = [n for n in os.listdir(tmp) if n.startswith(MARKER_PREFIX)]
+    except OSError:
+        return False
+    if not names:
+        return False
+    for n in names:
+        try:
+            with open(os.path.join(tmp, n), encoding="utf-8") as f:
+                rec = json.load(f)
+        except (OSError, ValueError):
+            return False
+        if owner_alive(rec):
+            return False
+    return True
+
+
+def clean_stale(path: PathLike) -> list[str]:
+    """Remove the ``<path>.tmp-*`` folders whose writers all died on this host; return them.
+
+    A live save (on this host or another) and unmarked folders are left alone;
+    links are never followed.
+    """
+    parent, base = os.path.split(os.fspath(path))
+    prefix = base + TMP_INFIX
+    removed: list[str] = []
+    try:
+        names = os.listdir(parent or ".")
+    except OSError:
+        return removed
+    for n in names:
+        full = os.path.join(parent, n)
+        if n.startswith(prefix) and os.path.isdir(full) and not os.path.islink(full) and is_abandoned(full):
+            shutil.rmtree(full, ignore_errors=True)
+            removed.append(full)
+    return removed
+
+
+def drop_claims(path: PathLike) -> None:
+    """Remove the owner markers from a committed folder (it is nobody's temporary any more)."""
+    with contextlib.suppress(OSError):
+        for n in os.listdir(path):
+            if n.startswith(MARKER_PREFIX):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(path, n))
+
+
+# ------------------------------------------------------------------ commit
+def commit_dir(
+    tmp: PathLike,
+    path: PathLike,
+    *,
+    sync: bool = True,
+    replaceable: Callable[[str], bool] | None = None,
+) -> None:
+    """Atomically make the folder ``tmp`` appear at ``path``, replacing what was there.
+
+    Parameters
+    ----------
+    tmp : path
+        The finished temporary folder (see :func:`temporary_sibling`); its files
+        must already be durable when ``sync``.
+    path : path
+        The destination. An existing folder there is replaced and removed.
+    sync : bool
+        fsync ``tmp`` before the swap and the parent after it.
+    replaceable : callable, optional
+        Called with ``path`` when it exists; returning False refuses to replace it
+        (e.g. a folder that is not a checkpoint of this format).
+
+    Raises
+    ------
+    FileExistsError
+        ``path`` exists and ``replaceable`` refused it.
+    OSError
+        Any filesystem failure (``path`` then still holds the previous folder,
+        except in the two-rename fallback's window).
+    """
+    tmp, path = os.fspath(tmp), os.fspath(path)
+    parent = os.path.dirname(path) or "."
+    if sync:
+        fsync_path(tmp)
+    if os.path.lexists(path):
+        if replaceable is not None and not replaceable(path):
+            raise FileExistsError(f"{path!r} exists and is not replaceable by this save; refusing to replace it")
+        if _native.exchange_paths(tmp, path):
+            shutil.rmtree(tmp)  # it now holds the previous folder
+        else:
+            old = temporary_sibling(path, "old-" + secrets.token_hex(4))
+            os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old)
+    else:
+        os.rename(tmp, path)
+    drop_claims(path)
+    if sync:
+        fsync_path(parent)
+
+
+__all__ = [
+    "MARKER_PREFIX",
+    "TMP_INFIX",
+    "claim",
+    "clean_stale",
+    "commit_dir",
+    "drop_claims",
+    "fsync_path",
+    "is_abandoned",
+    "owner_alive",
+    "owner_record",
+    "temporary_sibling",
+    "write_file",
+]

@@ -1,0 +1,221 @@
+"""The shared boundary: validation checks, failure agreement, atomic directory commits, launch detection."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from distkit_common import collective, fsio, testing, validate
+from distkit_common.launch import LaunchInfo, launch_info
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+# ------------------------------------------------------------------ validate
+class _MyTypeError(TypeError):
+    pass
+
+
+class _MyRangeError(IndexError, ValueError):
+    pass
+
+
+def test_checks_raise_the_package_classes() -> None:
+    checks = validate.Checks(type_error=_MyTypeError, index_error=_MyRangeError)
+    with pytest.raises(_MyTypeError, match="x must have dtype torch.int64 or torch.int32, got torch.float32"):
+        checks.tensor(torch.zeros(2), "x", dtype=(torch.int64, torch.int32))
+    with pytest.raises(_MyRangeError, match=r"k\[1\] = 5 is out of range \[0, 5\)"):
+        checks.index(np.array([0, 5]), "k", upper=5)
+    with pytest.raises(_MyTypeError, match="n must be an int, got float 1.5"):
+        checks.int(1.5, "n")
+
+
+def test_check_tensor_shape_and_devices() -> None:
+    t = torch.zeros(3, 4)
+    assert validate.check_tensor(t, "x", shape=(3, None), device=("cpu", "cuda")) is t
+    assert validate.check_tensor(t, "x", device=torch.device("cpu")) is t
+    with pytest.raises(ValueError, match=r"x must have shape \(\*, 5\), got \(3, 4\)"):
+        validate.check_tensor(t, "x", shape=(None, 5))
+    with pytest.raises(ValueError, match=r"x must have shape \(3, 4, \*\), got \(3, 4\)"):
+        validate.check_tensor(t, "x", shape=(3, 4, None))
+    with pytest.raises(ValueError, match="x must be on device 'cuda' or 'meta', got cpu"):
+        validate.check_tensor(t, "x", device=("cuda", "meta"))
+    with pytest.raises(ValueError, match="x must be on device 'cuda:1', got cpu"):
+        validate.check_tensor(t, "x", device=torch.device("cuda", 1))
+
+
+def test_index_devices_and_unusual_dtypes() -> None:
+    meta = torch.zeros(3, dtype=torch.int64, device="meta")
+    with pytest.raises(ValueError, match="idx must be on device 'cpu', got meta"):
+        validate.as_index_tensor(meta, "idx")
+    with pytest.raises(TypeError, match="idx must be an integer array of dtype int64, got torch.float8_e4m3fn"):
+        validate.as_index_tensor(torch.zeros(2, dtype=torch.float8_e4m3fn), "idx")
+    big = torch.tensor([0, 2**40], dtype=torch.uint64)
+    with pytest.raises(IndexError, match=r"u\[1\] = 1099511627776 is out of range"):
+        validate.as_index_tensor(big, "u", dtypes=("uint64",), upper=10)
+    strided = torch.arange(10)[::2]
+    out = validate.as_index_tensor(strided, "idx", upper=9)
+    assert out.is_contiguous() and out.tolist() == [0, 2, 4, 6, 8]
+    assert validate.as_index_tensor(torch.empty(0, dtype=torch.int64), "idx", upper=0).numel() == 0
+
+
+def test_rank_axis_choice() -> None:
+    assert validate.check_rank(np.int64(2), "root", 3) == 2
+    with pytest.raises(ValueError, match=r"root = 3 is out of range for a communicator of size 3 \(valid: 0..2\)"):
+        validate.check_rank(3, "root", 3)
+    assert validate.check_axis(-1, "dim", 3) == 2
+    with pytest.raises(ValueError, match="dim = 3 is out of range for a tensor with 3 dimension"):
+        validate.check_axis(3, "dim", 3)
+    assert validate.check_choice("sum", "mode", ("sum", "mean")) == "sum"
+    with pytest.raises(ValueError, match="mode must be one of 'sum', 'mean'; got 'max'"):
+        validate.check_choice("max", "mode", ("sum", "mean"))
+    with pytest.raises(ValueError, match="mode must be one of"):
+        validate.check_choice([], "mode", {"sum"})
+
+
+# ------------------------------------------------------------------ collective
+def test_agree_alone() -> None:
+    collective.agree(None, "nothing")
+    with pytest.raises(ValueError, match="mine") as info, collective.all_ranks(None, "step"):
+        raise ValueError("mine")
+    assert not isinstance(info.value, collective.CollectiveError)
+    assert collective.allgather_json({"a": (1, 2)}) == [{"a": [1, 2]}]
+    assert collective.bcast_json("x") == "x"
+    with pytest.raises(ValueError, match="root = 1 is out of range for a group of size 1"):
+        collective.bcast_json("x", None, root=1)
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        collective.allgather_json(object())
+    with pytest.raises(TypeError, match="comm must be None, an mpi4py communicator"):
+        collective.as_group(42)
+
+
+def test_collective_error_types() -> None:
+    failures = {2: collective.RankFailure("FileNotFoundError", "FileNotFoundError", "no such file")}
+    err = collective._remote_type("FileNotFoundError")("load", failures)
+    assert isinstance(err, FileNotFoundError) and isinstance(err, collective.CollectiveError)
+    assert str(err) == "load failed on rank 2: FileNotFoundError: no such file"
+    plain = collective._remote_type("NotAnException")("load", failures)
+    assert type(plain) is collective.CollectiveError
+
+
+@pytest.mark.mpi
+def test_agree_over_mpi() -> None:
+    res = testing.run_mpi(SCRIPTS / "agree.py", 3, timeout=120)
+    assert sorted(line for line in res.stdout.splitlines() if line.endswith(" ok")) == [
+        f"rank {r} ok" for r in range(3)
+    ]
+
+
+def _agree_gloo(rank: int, size: int, store: str) -> None:
+    import torch.distributed as dist
+
+    testing.init_process_group(rank, size, store)
+    assert collective.allgather_json(rank * 10) == [0, 10]
+    failure = MemoryError("out of memory on rank 0") if rank == 0 else None
+    with pytest.raises(MemoryError) as info:
+        collective.agree(None, "alloc", failure)
+    assert (rank == 0) != isinstance(info.value, collective.CollectiveError)
+    if rank == 1:
+        assert str(info.value) == "alloc failed on rank 0: MemoryError: out of memory on rank 0"
+    dist.destroy_process_group()
+
+
+@pytest.mark.spawn
+def test_agree_over_torch_process_group() -> None:
+    testing.run_spawn(_agree_gloo, 2, timeout=120)
+
+
+# ------------------------------------------------------------------ fsio
+def _folder(path: Path, content: str) -> None:
+    path.mkdir()
+    (path / "data").write_text(content)
+
+
+def test_commit_dir_new_and_replace(tmp_path: Path) -> None:
+    target = tmp_path / "ckpt"
+    tmp = Path(fsio.temporary_sibling(target))
+    assert tmp.name.startswith("ckpt.tmp-") and len(tmp.name) == len("ckpt.tmp-") + 16
+    _folder(tmp, "one")
+    fsio.claim(tmp, 0)
+    fsio.commit_dir(tmp, target)
+    assert (target / "data").read_text() == "one" and not tmp.exists()
+    assert not [n for n in os.listdir(target) if n.startswith(fsio.MARKER_PREFIX)]
+    tmp2 = Path(fsio.temporary_sibling(target))
+    _folder(tmp2, "two")
+    fsio.commit_dir(tmp2, target)
+    assert (target / "data").read_text() == "two"
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+def test_commit_dir_refuses_and_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "ckpt"
+    _folder(target, "user data")
+    tmp = Path(fsio.temporary_sibling(target))
+    _folder(tmp, "new")
+    with pytest.raises(FileExistsError, match="exists and is not replaceable"):
+        fsio.commit_dir(tmp, target, replaceable=lambda p: False)
+    assert (target / "data").read_text() == "user data" and tmp.exists()
+    # a filesystem without RENAME_EXCHANGE: two renames, the old folder removed
+    monkeypatch.setattr(fsio._native, "exchange_paths", lambda a, b: False)
+    fsio.commit_dir(tmp, target, replaceable=lambda p: True)
+    assert (target / "data").read_text() == "new" and sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_clean_stale_removes_only_provably_dead_writers(tmp_path: Path) -> None:
+    target = tmp_path / "ckpt"
+    me = fsio.owner_record()
+    dead = dict(me, pid=_dead_pid())
+    cases = {
+        "dead": [dead],
+        "alive": [me],
+        "one_alive": [dead, me],
+        "other_host": [dict(dead, host=socket.gethostname() + "-elsewhere")],
+        "rebooted": [dict(me, boot_id="00000000-old-boot")],
+        "reused_pid": [dict(me, start="1")],
+        "unmarked": [],
+    }
+    for name, records in cases.items():
+        folder = tmp_path / f"ckpt.tmp-{name}"
+        folder.mkdir()
+        for rank, rec in enumerate(records):
+            (folder / f"{fsio.MARKER_PREFIX}{rank}.json").write_text(json.dumps(rec))
+    (tmp_path / "unrelated.tmp-dead").mkdir()
+    removed = sorted(Path(p).name for p in fsio.clean_stale(target))
+    assert removed == ["ckpt.tmp-dead", "ckpt.tmp-rebooted", "ckpt.tmp-reused_pid"]
+    left = sorted(os.listdir(tmp_path))
+    assert left == [
+        "ckpt.tmp-alive",
+        "ckpt.tmp-one_alive",
+        "ckpt.tmp-other_host",
+        "ckpt.tmp-unmarked",
+        "unrelated.tmp-dead",
+    ]
+
+
+def test_fsync_path_errors(tmp_path: Path) -> None:
+    fsio.fsync_path(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        fsio.fsync_path(tmp_path / "missing")
+
+
+# ------------------------------------------------------------------ launch
+def test_launch_node_and_slurm_counts() -> None:
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"}
+    assert launch_info(env) == LaunchInfo("torchrun", 3, 4, 1, 2, 1)
+    slurm = {"SLURM_PROCID": "6", "SLURM_NTASKS": "7", "SLURM_LOCALID": "0", "SLURM_NODEID": "3"}
+    assert launch_info(dict(slurm, SLURM_TASKS_PER_NODE="2(x3),1")) == LaunchInfo("slurm", 6, 7, 0, 1, 3)
+    assert launch_info(dict(slurm, SLURM_TASKS_PER_NODE="2(x4)")).local_size == 2

@@ -1,0 +1,420 @@
+"""safetensors and Hugging Face folders: export a sharded checkpoint, load into any sharding.
+
+The format (the ``safetensors`` package is its reference): an 8-byte little-endian header
+length, a JSON header (``dtype``, ``shape``, ``data_offsets`` per tensor, ``__metadata__``),
+then the tensors' raw bytes back to back. A Hugging Face folder shards the weights into
+``model-0000k-of-0000n.safetensors`` files listed by ``model.safetensors.index.json``.
+
+Export consolidates the chunks that any number of ranks wrote (each read once, crc32c
+verified) into files of bounded size. Loading reads, for every destination box (plain tensor,
+DTensor, :class:`LocalShard`), only the byte ranges of that box: one range for a row block,
+one per row segment for a column block, straight into the destination when its layout allows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from distkit_common import dtypes as dk_dtypes
+
+from .. import _distx_fake as _native
+from ._boxes import Box, box_of, check_has_data
+from ._engine import DataFiles
+from ._loader import load_tensors
+from ._metadata import flatten, name_of, read_index
+from ._progress import progress
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+#: distkit dtype name <-> safetensors dtype code
+_CODES = {
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float32": "F32",
+    "float64": "F64",
+    "int8": "I8",
+    "int16": "I16",
+    "int32": "I32",
+    "int64": "I64",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "complex64": "C64",
+}
+_NAMES = {v: k for k, v in _CODES.items()}
+#: refuse headers larger than this (the safetensors package's own limit)
+_MAX_HEADER = 100_000_000
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS |= {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_size(size: int | str) -> int:
+    """``5GB`` (decimal, as Hugging Face counts), ``512MiB``, or a number of bytes.
+
+    Raises
+    ------
+    ValueError
+        If the size is not positive or not understood.
+    """
+    if isinstance(size, bool):
+        raise ValueError(f"max_shard_size must be a size like '5GB' or a number of bytes, got {size!r}")
+    if isinstance(size, int):
+        n = size
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(size))
+        if m is None or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"max_shard_size must be a size like '5GB' or a number of bytes, got {size!r}")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise ValueError(f"max_shard_size must be positive, got {size!r}")
+    return n
+
+
+# --- reading headers -----------------------------------------------------------------------------
+def read_header(fname: str) -> tuple[dict[str, Any], int]:
+    """The tensors of a safetensors file and the offset where its data starts.
+
+    Raises
+    ------
+    ValueError
+        If the file is not a well-formed safetensors file (named in the message).
+    """
+    size = os.path.getsize(fname)
+    with open(fname, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise ValueError(f"{fname}: not a safetensors file (shorter than its header length)")
+        (n,) = struct.unpack("<Q", head)
+        if n > _MAX_HEADER or 8 + n > size:
+            raise ValueError(f"{fname}: not a safetensors file (header length {n} for a file of {size} bytes)")
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{fname}: safetensors header is not valid JSON: {e}") from e
+    if not isinstance(header, dict):
+        raise ValueError(f"{fname}: safetensors header is not a JSON object")
+    data_start = 8 + n
+    tensors: dict[str, Any] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = _NAMES[info["dtype"]]
+            shape = [int(s) for s in info["shape"]]
+            begin, end = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{fname}: tensor {name!r}: unsupported or malformed entry {info!r}") from e
+        numel = 1
+        for s in shape:
+            if s < 0:
+                raise ValueError(f"{fname}: tensor {name!r} has a negative dimension {shape}")
+            numel *= s
+        if end - begin != numel * dk_dtypes.ITEMSIZE[dtype] or begin < 0 or data_start + end > size:
+            raise ValueError(f"{fname}: tensor {name!r}: data_offsets {begin}..{end} do not fit {dtype}{shape}")
+        tensors[name] = {"dtype": dtype, "shape": shape, "start": data_start + begin, "file": fname}
+    return tensors, data_start
+
+
+def _catalog(path: str) -> dict[str, dict[str, Any]]:
+    """Every tensor of a safetensors file or folder (an index, or one ``model.safetensors``)."""
+    if os.path.isfile(path):
+        return read_header(path)[0]
+    index = os.path.join(path, INDEX)
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            weight_map = json.load(f).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index}: no weight_map")
+        files = sorted(set(weight_map.values()))
+    elif os.path.isfile(os.path.join(path, SINGLE)):
+        files = [SINGLE]
+    else:
+        found = sorted(n for n in os.listdir(path) if n.endswith(".safetensors")) if os.path.isdir(path) else []
+        if len(found) != 1:
+            raise FileNotFoundError(f"no {INDEX} or {SINGLE} in {path!r}")
+        files = found
+    out: dict[str, dict[str, Any]] = {}
+    for fn in files:
+        if "/" in fn or fn.startswith("."):
+            raise ValueError(f"invalid file name {fn!r} in {index}")
+        out.update(read_header(os.path.join(path, fn))[0])
+    return out
+
+
+# --- loading into any sharding -------------------------------------------------------------------
+def _segments(shape: list[int], box: list[tuple[int, int]], item: int) -> Iterator[tuple[int, int]]:
+    """(byte offset in the tensor, bytes) of the contiguous runs of a box, in the box's row-major order."""
+    nd = len(shape)
+    if nd == 0:
+        yield 0, item
+        return
+    k = nd - 1
+    while k > 0 and box[k] == (0, shape[k]):
+        k -= 1
+    inner = item
+    for s in shape[k + 1 :]:
+        inner *= s
+    run = (box[k][1] - box[k][0]) * inner
+    strides = [0] * nd
+    acc = item
+    for d in range(nd - 1, -1, -1):
+        strides[d] = acc
+        acc *= shape[d]
+    ranges = [range(lo, hi) for lo, hi in box[:k]]
+
+    def walk(d: int, base: int) -> Iterator[tuple[int, int]]:
+        if d == k:
+            yield base + box[k][0] * strides[k], run
+            return
+        for i in ranges[d]:
+            yield from walk(d + 1, base + i * strides[d])
+
+    yield from walk(0, 0)
+
+
+def _read_box(entry: dict[str, Any], box: Box, fds: dict[str, int]) -> None:
+    shape = entry["shape"]
+    dtype = dk_dtypes.torch_dtype(entry["dtype"])
+    item = dk_dtypes.ITEMSIZE[entry["dtype"]]
+    dest = box.local
+    if dest.numel() == 0:
+        return
+    direct = (
+        dest.dtype == dtype
+        and dest.device.type == "cpu"
+        and dest.is_contiguous()
+        and not (dest.is_conj() or dest.is_neg())
+    )
+    buf = dest if direct else torch.empty(box.sizes, dtype=dtype)
+    fd = fds.get(entry["file"])
+    if fd is None:
+        fd = fds[entry["file"]] = os.open(entry["file"], os.O_RDONLY | os.O_CLOEXEC)
+    ptr, at, tuples = buf.data_ptr(), 0, []
+    for off, n in _segments(shape, box.ranges(), item):
+        tuples.append((ptr + at, n, entry["start"] + off))
+        at += n
+    _native.read_pieces(fd, tuples, False)
+    if not direct:
+        with torch.no_grad():
+            dest.copy_(buf)
+
+
+def load_safetensors(
+    state_dict: dict[Any, Any], path: str | os.PathLike[str], *, prefix: str = "", strict: bool = True
+) -> list[str]:
+    """Fill ``state_dict`` in place from a safetensors file or Hugging Face folder.
+
+    Each destination (a plain tensor, a DTensor, a :class:`LocalShard`) receives its box of
+    the global tensor, and only the bytes of that box are read. Dtypes are converted when
+    they differ (as ``from_pretrained`` does).
+
+    Parameters
+    ----------
+    state_dict : dict
+        Destination; its leaves are named by their dotted paths (``model.layers.0.weight``).
+    path : str or os.PathLike
+        A ``.safetensors`` file, or a folder with ``model.safetensors.index.json`` or
+        ``model.safetensors``.
+    prefix : str, optional
+        Prepended to each destination name to find it in the files (e.g. ``"model."``).
+    strict : bool, optional
+        Raise for destinations missing from the files (default); else skip and return them.
+
+    Returns
+    -------
+    list of str
+        The names of the destinations that were not found (empty when ``strict``).
+
+    Raises
+    ------
+    TypeError
+        For a non-dict state dict or path, or a fake/meta destination.
+    KeyError
+        If ``strict`` and a destination is not in the files.
+    ValueError
+        If a global shape differs, or a file is malformed.
+    FileNotFoundError
+        If ``path`` holds no safetensors weights.
+    """
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or PathLike, got {type(path).__name__}")
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+    catalog = _catalog(os.fspath(path))
+    missing: list[str] = []
+    todo: list[tuple[dict[str, Any], Box]] = []
+    for p, v, _, _ in flatten(state_dict):
+        box = box_of(v)
+        if box is None:
+            continue
+        name = prefix + name_of(p)
+        entry = catalog.get(name)
+        if entry is None:
+            if strict:
+                raise KeyError(f"{name!r} is not in the safetensors weights at {os.fspath(path)!r}")
+            missing.append(name)
+            continue
+        check_has_data(p, box.local)
+        if list(box.global_shape) != entry["shape"]:
+            raise ValueError(
+                f"{name!r}: safetensors shape {tuple(entry['shape'])} != state_dict shape {box.global_shape}"
+            )
+        todo.append((entry, box))
+    fds: dict[str, int] = {}
+    try:
+        for entry, box in todo:
+            _read_box(entry, box, fds)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return missing
+
+
+# --- export -------------------------------------------------------------------------------------
+def export_safetensors(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    max_shard_size: int | str = "5GB",
+    prefix: str = "",
+    sync: bool = True,
+    progress_bar: bool | None = None,
+) -> dict[str, Any]:
+    """Export a checkpoint (written by any number of ranks) to a Hugging Face safetensors folder.
+
+    Writes ``model-0000k-of-0000n.safetensors`` files of at most ``max_shard_size`` bytes (a
+    tensor larger than that gets a file of its own) and ``model.safetensors.index.json`` into
+    ``dst`` (created if needed; other files such as ``config.json`` are left alone). Every
+    piece read is verified against its crc32c. Each file appears complete or not at all
+    (written under a temporary name, fsynced, renamed); the index is written last.
+
+    Parameters
+    ----------
+    src : str or os.PathLike
+        A checkpoint written by :func:`save_state_dict` or through DCP with this package's writer.
+    dst : str or os.PathLike
+        The output folder.
+    max_shard_size : int or str, optional
+        ``"5GB"`` (default; decimal units as Hugging Face, or ``"MiB"``/``"GiB"``) or bytes.
+    prefix : str, optional
+        Export only the tensors whose dotted name starts with it, without it (e.g. ``"model."``
+        for a checkpoint of ``{"model": model.state_dict(), "optim": ...}``).
+    sync : bool, optional
+        fsync every file and the folder (default True; ``save_pretrained`` does not).
+    progress_bar : bool or None, optional
+        Show a progress bar (default: when stderr is a terminal).
+
+    Returns
+    -------
+    dict
+        The index written (``metadata.total_size`` and ``weight_map``).
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``src`` holds no checkpoint.
+    ValueError
+        If ``max_shard_size`` is invalid, or no tensor matches ``prefix``.
+    TypeError
+        If a tensor's dtype has no safetensors code (complex128).
+    CheckpointCorruptionError
+        If a checksum does not match.
+    """
+    src_s, dst_s = os.path.abspath(os.fspath(src)), os.path.abspath(os.fspath(dst))
+    limit = parse_size(max_shard_size)
+    meta = read_index(src_s)
+    tensors = []
+    for e in meta["entries"]:
+        if e["kind"] != "tensor":
+            continue
+        name = e.get("fqn") if isinstance(e.get("fqn"), str) else name_of(tuple(e["path"]))
+        if not name.startswith(prefix):
+            continue
+        if e["dtype"] not in _CODES:
+            raise TypeError(f"tensor {name!r} has dtype {e['dtype']}, which safetensors cannot hold")
+        nbytes = dk_dtypes.ITEMSIZE[e["dtype"]]
+        for s in e["shape"]:
+            nbytes *= s
+        tensors.append((name[len(prefix) :], e, nbytes))
+    if not tensors:
+        raise ValueError(f"no tensor in {src_s!r} starts with prefix {prefix!r}")
+    shards: list[list[tuple[str, dict[str, Any], int]]] = [[]]
+    size = 0
+    for t in tensors:
+        if shards[-1] and size + t[2] > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(t)
+        size += t[2]
+    os.makedirs(dst_s, exist_ok=True)
+    total = sum(t[2] for t in tensors)
+    bar = progress(progress_bar, 0, total, "export")
+    weight_map: dict[str, str] = {}
+    try:
+        with DataFiles(src_s, True) as files:
+            for k, shard in enumerate(shards):
+                fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+                _write_shard(os.path.join(dst_s, fname), shard, files, bar, sync)
+                weight_map.update(dict.fromkeys((n for n, _, _ in shard), fname))
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        _atomic_write(os.path.join(dst_s, INDEX), json.dumps(index, indent=2).encode(), sync)
+        if sync:
+            _native.fsync_path(dst_s)
+    finally:
+        if bar is not None:
+            bar.close()
+    return index
+
+
+def _write_shard(
+    fname: str, shard: list[tuple[str, dict[str, Any], int]], files: DataFiles, bar: Any, sync: bool
+) -> None:
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    at = 0
+    for name, e, nbytes in shard:
+        header[name] = {"dtype": _CODES[e["dtype"]], "shape": e["shape"], "data_offsets": [at, at + nbytes]}
+        at += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as the safetensors writer does
+    tmp = f"{fname}.tmp-{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.pwrite(fd, struct.pack("<Q", len(raw)) + raw, 0)
+        pos = 8 + len(raw)
+        for name, e, nbytes in shard:
+            # the whole tensor, assembled from every rank's chunks (each verified)
+            full = torch.empty(e["shape"], dtype=dk_dtypes.torch_dtype(e["dtype"]))
+            box = Box(full, tuple(e["shape"]), (0,) * len(e["shape"]), True, True)
+            load_tensors([((name,), e, box)], files, None)
+            if nbytes:
+                _native.write_pieces(fd, [(full.data_ptr(), nbytes, pos)], False)
+            pos += nbytes
+            if bar is not None:
+                bar.update(nbytes)
+        if sync:
+            _native.fsync_fd(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, fname)
+
+
+def _atomic_write(fname: str, data: bytes, sync: bool) -> None:
+    tmp = f"{fname}.tmp-{secrets.token_hex(4)}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        if sync:
+            _native.fsync_fd(f.fileno())
+    os.replace(tmp, fname)
