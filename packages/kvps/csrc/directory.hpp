@@ -51,9 +51,12 @@ struct Meta {
   uint8_t spare = 0;
   uint16_t want = 0;      // active intents of this rank's workers
   int32_t hint = 0;       // where requests go (a routing hint)
-  int32_t owner = 0;      // home: the current owner (the truth)
   uint32_t ver = 0;       // version of the value held here (owner: bumped by every update)
   uint32_t last = 0;      // 1 + the clock of this rank's last intent of the key (0: never)
+  union {
+    int32_t owner = 0;  // at the key's home: the current owner (the truth)
+    int32_t slot;       // elsewhere: the key's slot in region B (store.hpp), -1: none
+  };
   uint64_t imask = 0;     // home: intending ranks (size <= 64)
 };
 static_assert(sizeof(Meta) == 32, "one key record per half cache line");
@@ -73,6 +76,7 @@ class Directory {
   Meta& operator[](int64_t k) const { return meta_[k]; }
   Meta* records() const { return meta_; }
   int home(int64_t k) const { return static_cast<int>(k % size_); }
+  bool is_home(int64_t k) const { return k % size_ == rank_; }
 
   /// Every key back at its home, no intents, no replicas.
   void reset() {
@@ -80,7 +84,11 @@ class Directory {
       Meta& m = meta_[k];
       const int h = home(k);
       m.hint = h;
-      m.owner = h;
+      if (h == rank_) {
+        m.owner = h;
+      } else {
+        m.slot = -1;
+      }
       m.state = h == rank_ ? OWNED : NOT_HERE;
       m.flags = 0;
       m.dirty = 0;

@@ -103,22 +103,26 @@ class ReuseModel {
   // an exponentially decaying count over the last few thousand fresh keys,
   // starting as if every fresh key had come back
   static constexpr double kDecay = 1.0 - 1.0 / 2048;
-  double seen_ = 64, hits_ = 64;
+  double seen_ = 512, hits_ = 512;
 };
 
 class Engine {
  public:
-  Engine(uintptr_t comm, uintptr_t coll, int64_t num_keys, const int64_t* lengths, int dtype, int num_workers,
-         int technique, int64_t lookahead, int64_t sync_every, bool prefault, bool shared_memory, const Rule& rule)
+  /// `lengths`: every key's value length, or nullptr and `uniform_len` for one length.
+  Engine(uintptr_t comm, uintptr_t coll, int64_t num_keys, const int64_t* lengths, int64_t uniform_len, int dtype,
+         int num_workers, int technique, int64_t lookahead, int64_t sync_every, bool prefault, bool shared_memory,
+         const Rule& rule)
       : comm_(distkit::mpi::comm_from_handle(comm)),
         coll_(distkit::mpi::comm_from_handle(coll)),
+        rank_(rank_in(comm_)),
+        size_(size_of(comm_)),
         num_keys_(checked_positive(num_keys, "num_keys")),
         dtype_(checked_dtype(dtype)),
         num_workers_(static_cast<int>(checked_positive(num_workers, "num_threads"))),
         tech_(technique),
         lookahead_(lookahead),
         sync_every_(sync_every < 1 ? 1 : sync_every),
-        sh_(lengths, num_keys, dtype_, rule),
+        sh_(lengths, uniform_len, num_keys, size_, dtype_, rule),
         sendq_(comm_) {
     int provided = 0;
     MPI_Query_thread(&provided);
@@ -126,8 +130,6 @@ class Engine {
                           "kvps needs MPI_THREAD_MULTIPLE (initialise MPI through mpi4py with the default "
                           "thread level 'multiple'); the MPI library provided level ",
                           provided);
-    MPI_Comm_rank(comm_, &rank_);
-    MPI_Comm_size(comm_, &size_);
     const Layout& lay = sh_.layout();
     if (prefault) ::kvps::prefault(sh_.delta_arena().data(), sh_.delta_arena().size());
     shm_.setup(coll_, rank_, size_, static_cast<size_t>(num_keys_) * sizeof(Meta), lay.arena_bytes() + 64,
@@ -135,7 +137,7 @@ class Engine {
     meta_ = reinterpret_cast<Meta*>(shm_.meta(rank_));
     std::uninitialized_default_construct_n(meta_, num_keys_);
     dir_.init(meta_, num_keys_, rank_, size_);
-    sh_.attach(shm_.values(rank_));
+    sh_.attach(shm_.values(rank_), meta_, rank_);
     pmeta_.resize(size_);
     for (int r = 0; r < size_; ++r) pmeta_[r] = reinterpret_cast<Meta*>(shm_.meta(r));
     clocks_ = std::vector<std::atomic<int64_t>>(num_workers_);
@@ -159,6 +161,8 @@ class Engine {
   /// Elements a worker passes for these keys (their rows).
   int64_t value_count(const int64_t* keys, int64_t n) const { return sh_.layout().row_count(keys, n); }
   /// Elements stored per key (row + optimizer state).
+  /// The slot length of every key when all are equal, else 0.
+  int64_t uniform_slot_len() const { return sh_.layout().uniform_slot(); }
   std::vector<int64_t> slot_lengths() const {
     std::vector<int64_t> out(num_keys_);
     for (int64_t k = 0; k < num_keys_; ++k) out[k] = sh_.layout().slot(k);
@@ -248,6 +252,16 @@ class Engine {
   }
 
  private:
+  static int rank_in(MPI_Comm c) {
+    int r = 0;
+    MPI_Comm_rank(c, &r);
+    return r;
+  }
+  static int size_of(MPI_Comm c) {
+    int n = 1;
+    MPI_Comm_size(c, &n);
+    return n;
+  }
   static int64_t checked_positive(int64_t v, const char* name) {
     check(v > 0, name, " must be > 0, got ", v);
     return v;
@@ -339,7 +353,7 @@ class Engine {
 
   /// Prefetch the record (and the value) of the key kAheadKeys positions
   /// further on: the handlers walk random keys of tables much larger than
-  /// the caches, and one miss at a time was most of their time.
+  /// the caches, where waiting for one miss at a time would dominate.
   static constexpr int64_t kAheadKeys = 16;
   void ahead(const int64_t* keys, int64_t n, int64_t i, bool val) const {
     const int64_t j = i + kAheadKeys;
@@ -439,11 +453,11 @@ inline int64_t Engine::op(int op, int worker, const int64_t* keys, int64_t n, ch
       }
       const int64_t k = keys[i];
       char* v = vals + (uni ? i * urow : voff[i]);
-      char* slot = sh_.slot(k);
       Meta& m = meta_[k];
       m.lock.lock();
       const uint8_t st = m.state;
       if (st == OWNED || (st == REPLICA && op != M_SET)) {
+        char* slot = sh_.slot(k);  // (under the lock: a region-B slot changes only with the state)
         if (op == M_PULL) {
           std::memcpy(v, slot, lay.row_bytes(k));
         } else if (op == M_SET) {
@@ -528,7 +542,7 @@ inline bool Engine::try_direct(int p, int op, int64_t k, char* v) {
     m.lock.unlock();
     return false;
   }
-  char* slot = shm_.values(p) + sh_.layout().at(k);
+  char* slot = sh_.slot_of(shm_.values(p), p, k, m);
   if (op == M_PULL) {
     std::memcpy(v, slot, sh_.layout().row_bytes(k));
   } else if (op == M_SET) {

@@ -126,6 +126,7 @@ inline void Engine::drop_intents(const std::vector<int64_t>& drop, Outbox& ob) {
         flushes[m.hint].put(k, 0, sh_.delta(k), sh_.layout().row_bytes(k));
         sh_.clear_delta(k);
       }
+      sh_.release(k);
     }
     m.lock.unlock();
   }

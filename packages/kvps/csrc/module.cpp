@@ -79,13 +79,15 @@ PYBIND11_MODULE(_kvps, m) {
       "Gradient of sum/mean bags w.r.t. their rows (pooling.hpp); pointers to contiguous CPU buffers.");
 
   py::class_<Engine>(m, "Engine")
-      .def(py::init([](uintptr_t comm, uintptr_t coll, int64_t num_keys, uintptr_t lengths, int dtype, int workers,
-                       int technique, int64_t lookahead, int64_t sync_every, bool prefault, bool shared_memory,
-                       int rule, double lr, double eps, double beta1, double beta2) {
-             return new Engine(comm, coll, num_keys, ptr<const int64_t>(lengths), dtype, workers, technique, lookahead,
-                               sync_every, prefault, shared_memory, kvps::Rule{rule, lr, eps, beta1, beta2});
+      .def(py::init([](uintptr_t comm, uintptr_t coll, int64_t num_keys, uintptr_t lengths, int64_t uniform_len,
+                       int dtype, int workers, int technique, int64_t lookahead, int64_t sync_every, bool prefault,
+                       bool shared_memory, int rule, double lr, double eps, double beta1, double beta2) {
+             return new Engine(comm, coll, num_keys, ptr<const int64_t>(lengths), uniform_len, dtype, workers,
+                               technique, lookahead, sync_every, prefault, shared_memory,
+                               kvps::Rule{rule, lr, eps, beta1, beta2});
            }),
-           py::arg("comm"), py::arg("coll"), py::arg("num_keys"), py::arg("lengths"), py::arg("dtype"),
+           py::arg("comm"), py::arg("coll"), py::arg("num_keys"), py::arg("lengths"), py::arg("uniform_len"),
+           py::arg("dtype"),
            py::arg("num_workers"), py::arg("technique"), py::arg("lookahead"), py::arg("sync_every") = 1,
            py::arg("prefault") = false, py::arg("shared_memory") = true, py::arg("rule") = 0, py::arg("lr") = 0.0,
            py::arg("eps") = 0.0, py::arg("beta1") = 0.0, py::arg("beta2") = 0.0)
@@ -137,6 +139,7 @@ PYBIND11_MODULE(_kvps, m) {
              return to_array(k);
            })
       .def("slot_lengths", [](Engine& e) { return to_array(e.slot_lengths()); })
+      .def_property_readonly("uniform_slot_len", &Engine::uniform_slot_len)
       .def("read_slots",
            [](Engine& e, uintptr_t keys, int64_t n, uintptr_t out) {
              nogil g;

@@ -187,6 +187,7 @@ inline void Engine::check_sync_waiters() {
 
 inline void Engine::do_reset() {
   dir_.reset();
+  sh_.reset();
   // every delta back to zero (and its pages back to the system)
   Arena& d = sh_.delta_arena();
   if (d.size()) madvise(d.data(), d.size(), MADV_DONTNEED);
@@ -447,6 +448,7 @@ inline void Engine::serve(int32_t type, int32_t origin, int64_t ts, int64_t pos,
           reps_.keep(dir_, sh_, k);  // still intended here: a replica of the new owner
         } else {
           m.state = NOT_HERE;
+          sh_.release(k);
         }
         break;
       default:
@@ -477,6 +479,7 @@ inline void Engine::handover(int64_t k, const char* v, uint32_t ver, Outbox& ob)
   Meta& m = meta_[k];
   m.lock.lock();
   const bool replica_updates = (m.flags & F_DELTA) && m.dirty;
+  sh_.hold(k);
   std::memcpy(sh_.slot(k), v, sh_.layout().slot_bytes(k));
   // a replica turning owner applies the updates it had not shipped yet
   if (replica_updates) sh_.apply_delta(k);

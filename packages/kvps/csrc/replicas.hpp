@@ -24,6 +24,7 @@ class Replicas {
   /// Key k became a replica here: install `slot` (the owner's) at version `ver`.
   void install(Directory& dir, Shard& sh, int64_t k, const char* slot, uint32_t ver) {
     Meta& m = dir[k];
+    sh.hold(k);
     std::memcpy(sh.slot(k), slot, sh.layout().slot_bytes(k));
     begin(m, sh, k, ver);
   }

@@ -147,6 +147,13 @@ def test_two_nodes_share_memory_within_a_node() -> None:
 
 
 @pytest.mark.mpi
+def test_intent_cost_model() -> None:
+    """One-off keys stay at their owners once the rank saw they do not recur; recurring keys move; sums exact."""
+    res = run_mpi(str(SCRIPTS / "cost_model.py"), 2, timeout=120)
+    assert "cost model ok" in res.stdout, res.stdout
+
+
+@pytest.mark.mpi
 def test_peer_exit_without_shutdown_fails_fast() -> None:
     """A rank leaving without shutdown(): the peer's pending barrier and later pulls raise, no hang."""
     res = run_mpi(str(SCRIPTS / "early_exit.py"), 2, timeout=90)

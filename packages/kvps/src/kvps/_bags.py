@@ -210,7 +210,7 @@ class _SumMeanBag(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         weight: torch.Tensor,
         local: torch.Tensor,
@@ -234,7 +234,7 @@ class _SumMeanBag(torch.autograd.Function):
         )
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
         local, offsets, psw, order = ctx.saved_tensors
         shape, mode, include_last_offset, pad = ctx.args
         n = local.numel()

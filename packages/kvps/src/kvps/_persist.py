@@ -8,10 +8,14 @@ Layout of a checkpoint directory::
     shard-<r>.vals       their slots (value, then optimizer state), concatenated in key order
                          (raw bytes of the dtype)
 
-Saving writes into a temporary sibling directory, fsyncs every file and the
-directory, then renames it into place (an existing checkpoint is replaced by a
-second rename). Loading reads every shard and keeps each key on its home rank,
-so a checkpoint loads into any number of ranks.
+Saving follows distkit-common's atomic directory commit (``distkit_common.fsio``):
+every rank writes into a temporary sibling directory it claims, the files are
+fsynced, rank 0 swaps the directory into place (an existing kvps checkpoint is
+replaced atomically where the filesystem can exchange directories) and a later
+save removes temporary directories whose writers died. A failure on any rank
+raises on every rank (``distkit_common.collective``) and keeps the previous
+checkpoint. Loading reads every shard and keeps each key on its home rank, so a
+checkpoint loads into any number of ranks.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from mpi4py import MPI
 
+from distkit_common import collective, fsio
 from distkit_common.dtypes import dtype_name
 
 if TYPE_CHECKING:
@@ -33,21 +39,6 @@ if TYPE_CHECKING:
 
 FORMAT = "kvps-1"
 _NO_RULE = "add"  # the rule of checkpoints written before server-side optimizers
-
-
-def _write(path: Path, data: np.ndarray) -> None:
-    with open(path, "wb") as f:
-        f.write(np.ascontiguousarray(data).data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _elements(shard: LocalShard) -> np.dtype:
@@ -74,40 +65,52 @@ def _check_rule(shard: LocalShard, saved: Any, src: Any) -> None:
         )
 
 
+def _is_checkpoint(path: str) -> bool:
+    """Whether ``path`` holds a kvps checkpoint (what a save may replace)."""
+    try:
+        with open(os.path.join(path, "meta.json")) as f:
+            return json.load(f).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def save(shard: LocalShard, path: Any) -> None:
     """Collective atomic save of a server's shards to directory ``path`` (see the module docstring)."""
-    coll = shard.comm
+    comm = shard.comm
     rank = shard.rank
-    target = Path(path)
+    target = os.fspath(path)
     shard.quiesce()
-    tmp_name = None
-    err = None
     if rank == 0:
+        # a crashed earlier save may have left its temporary directory: remove it if
+        # its writers provably died on this host (never a live save's, never another host's)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.parent / f".{target.name}.tmp-{secrets.token_hex(8)}"
-            tmp.mkdir()
-            tmp_name = str(tmp)
-        except OSError as e:
-            err = e
-    tmp_name = coll.bcast(tmp_name if err is None else None, root=0)
-    if tmp_name is None:
-        raise OSError(f"cannot create a temporary checkpoint directory next to {target}: {err}")
-    tmp = Path(tmp_name)
+            fsio.clean_stale(target)
+        except OSError:
+            pass
+    tmp = fsio.temporary_sibling(target, collective.bcast_json(secrets.token_hex(8) if rank == 0 else None, comm))
+    with collective.all_ranks(comm, f"kvps save: creating {tmp}"):
+        if rank == 0:
+            os.makedirs(tmp)
     keys = shard.owned_keys()
-    vals = shard.read(keys)
-    ok = True
+    err: BaseException | None = None
     try:
-        _write(tmp / f"shard-{rank}.keys", keys)
-        _write(tmp / f"shard-{rank}.vals", vals.view(torch.uint8).numpy())
-    except OSError:
-        ok = False
-    counts = coll.gather(len(keys) if ok else -1, root=0)
-    if rank == 0:
-        assert counts is not None
-        if all(c >= 0 for c in counts):
+        fsio.claim(tmp, rank)
+        vals = shard.read(keys)
+        fsio.write_file(os.path.join(tmp, f"shard-{rank}.keys"), keys.tobytes())
+        fsio.write_file(os.path.join(tmp, f"shard-{rank}.vals"), vals.view(torch.uint8).numpy().tobytes())
+    except BaseException as e:  # agreed on below, then re-raised
+        err = e
+    try:
+        collective.agree(comm, f"kvps save to {target} (previous checkpoint kept)", err)
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    counts = collective.allgather_json(len(keys), comm)
+    with collective.all_ranks(comm, f"kvps save: commit of {target} on rank 0 (previous checkpoint kept)"):
+        if rank == 0:
             try:
-                _write(tmp / "lengths.bin", shard.lengths)
+                fsio.write_file(os.path.join(tmp, "lengths.bin"), np.ascontiguousarray(shard.lengths).tobytes())
                 meta = {
                     "format": FORMAT,
                     "num_keys": shard.num_keys,
@@ -116,33 +119,15 @@ def save(shard: LocalShard, path: Any) -> None:
                     "num_shards": len(counts),
                     "shard_keys": counts,
                 }
-                with open(tmp / "meta.json", "w") as f:
-                    json.dump(meta, f)
-                    f.flush()
-                    os.fsync(f.fileno())
-                _fsync_dir(tmp)
-                old = None
-                if target.exists():
-                    old = target.parent / f".{target.name}.old-{secrets.token_hex(8)}"
-                    os.rename(target, old)
-                os.rename(tmp, target)
-                _fsync_dir(target.parent)
-                if old is not None:
-                    shutil.rmtree(old, ignore_errors=True)
-            except OSError as e:
-                err = e
-        else:
-            err = OSError("a rank failed to write its shard")
-        if err is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-    failed = coll.bcast(None if err is None else str(err), root=0)
-    if failed is not None:
-        raise OSError(f"saving the kvps checkpoint to {target} failed: {failed}")
+                fsio.write_file(os.path.join(tmp, "meta.json"), json.dumps(meta).encode())
+                os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+                fsio.commit_dir(tmp, target, replaceable=_is_checkpoint)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
 
 
-def load(shard: LocalShard, path: Any) -> None:
-    """Collective load of the checkpoint in ``path`` (saved on any number of ranks)."""
-    src = Path(path)
+def _read_checkpoint(shard: LocalShard, src: Path) -> list[tuple[np.ndarray, np.ndarray]]:
     try:
         with open(src / "meta.json") as f:
             meta = json.load(f)
@@ -159,14 +144,23 @@ def load(shard: LocalShard, path: Any) -> None:
         raise ValueError("checkpoint value lengths differ from the server's value_lengths")
     _check_rule(shard, meta.get("rule", _NO_RULE), src)
     slots = shard.slot_lengths
-    elem = _elements(shard)
     shards = []
     for r in range(int(meta["num_shards"])):
         keys = np.fromfile(src / f"shard-{r}.keys", dtype=np.int64)
-        raw = np.fromfile(src / f"shard-{r}.vals", dtype=elem)
+        raw = np.fromfile(src / f"shard-{r}.vals", dtype=_elements(shard))
         if keys.shape[0] != meta["shard_keys"][r] or raw.shape[0] != int(slots[keys].sum()):
             raise ValueError(f"checkpoint shard {r} in {src} is truncated or corrupt")
         shards.append((keys, raw))
+    return shards
+
+
+def load(shard: LocalShard, path: Any) -> None:
+    """Collective load of the checkpoint in ``path`` (saved on any number of ranks)."""
+    src = Path(path)
+    shards: list[tuple[np.ndarray, np.ndarray]] = []
+    with collective.all_ranks(shard.comm, f"kvps load of {src}"):
+        shards = _read_checkpoint(shard, src)
+    slots = shard.slot_lengths
     shard.reset_ownership()
     for keys, raw in shards:
         starts = np.concatenate([[0], np.cumsum(slots[keys])[:-1]]).astype(np.int64)
@@ -203,39 +197,49 @@ def save_distx(shard: LocalShard, path: Any) -> None:
     not on a torch process group); the other ranks wait for its verdict.
     """
     ckpt = _distx_checkpoint()  # every rank fails alike before any communication
-    coll = shard.comm
+    comm = shard.comm
     shard.quiesce()
     keys = shard.owned_keys()
-    vals = shard.read(keys)
-    shards = coll.gather((keys, vals.view(torch.uint8).numpy()), root=0)
-    err = None
-    if shard.rank == 0:
-        assert shards is not None
-        try:
+    raw = shard.read(keys).view(torch.uint8).numpy()
+    # every rank's keys and raw slot bytes to rank 0, as plain buffers (no pickle)
+    nkeys = collective.allgather_json(len(keys), comm)
+    nbytes = collective.allgather_json(int(raw.nbytes), comm)
+    all_keys = np.empty(sum(nkeys), dtype=np.int64) if shard.rank == 0 else None
+    all_raw = np.empty(sum(nbytes), dtype=np.uint8) if shard.rank == 0 else None
+    comm.Gatherv(keys, [all_keys, nkeys, MPI.INT64_T] if shard.rank == 0 else None, root=0)
+    comm.Gatherv(raw, [all_raw, nbytes, MPI.BYTE] if shard.rank == 0 else None, root=0)
+    with collective.all_ranks(comm, f"kvps save (distx format) to {path} on rank 0"):
+        if shard.rank == 0:
+            assert all_keys is not None and all_raw is not None
             slots = shard.slot_lengths
             flat = torch.empty(int(slots.sum()), dtype=shard.dtype)
             flat_e = flat.view(torch.uint8).numpy().view(_elements(shard))
-            for k, raw in shards:
-                flat_e[_flat_index(slots, k)] = raw.view(_elements(shard))
+            flat_e[_flat_index(slots, all_keys)] = all_raw.view(_elements(shard))
             state = {
                 "format": DISTX_FORMAT,
                 "num_keys": shard.num_keys,
                 "dtype": dtype_name(shard.dtype),
                 "rule": shard.rule["name"],
-                "lengths": torch.from_numpy(shard.lengths.copy()),
+                "lengths": torch.from_numpy(np.ascontiguousarray(shard.lengths).copy()),
                 "values": flat,
             }
             ckpt.save_state_dict(state, ckpt.FileSystemWriter(str(path)), no_dist=True)
-        except (OSError, ValueError, TypeError) as e:
-            err = f"{type(e).__name__}: {e}"
-    failed = coll.bcast(err, root=0)
-    if failed is not None:
-        raise OSError(f"saving the kvps checkpoint (distx format) to {path} failed: {failed}")
 
 
 def load_distx(shard: LocalShard, path: Any) -> None:
     """Collective load of a checkpoint written by :func:`save_distx` (any saved rank count)."""
     ckpt = _distx_checkpoint()
+    mine = np.arange(shard.rank, shard.num_keys, shard.size, dtype=np.int64)
+    vals = np.zeros(0, dtype=np.uint8)
+    with collective.all_ranks(shard.comm, f"kvps load (distx format) of {path}"):
+        vals = _read_distx(ckpt, shard, path, mine)
+    shard.reset_ownership()
+    shard.write(mine, vals)
+    shard.barrier()
+
+
+def _read_distx(ckpt: Any, shard: LocalShard, path: Any, mine: np.ndarray) -> np.ndarray:
+    """The slots of ``mine`` from a distx-format checkpoint, after checking it fits the server."""
     try:
         meta = ckpt.FileSystemReader(str(path)).read_index()
     except (OSError, ValueError) as e:
@@ -271,9 +275,5 @@ def load_distx(shard: LocalShard, path: Any) -> None:
     if not np.array_equal(state["lengths"].numpy(), shard.lengths):
         raise ValueError("checkpoint value lengths differ from the server's value_lengths")
     _check_rule(shard, state.get("rule", _NO_RULE), path)
-    mine = np.arange(shard.rank, shard.num_keys, shard.size, dtype=np.int64)
     flat_e = state["values"].view(torch.uint8).numpy().view(_elements(shard))
-    vals = np.ascontiguousarray(flat_e[_flat_index(slots, mine)])
-    shard.reset_ownership()
-    shard.write(mine, vals)
-    shard.barrier()
+    return np.ascontiguousarray(flat_e[_flat_index(slots, mine)])

@@ -76,6 +76,11 @@ def setup(num_keys: int, num_threads: int = 1, use_techniques: str = "all", num_
     _config = _Config(n, t, use_techniques)
 
 
+def _uniform(length: int, num_keys: int) -> np.ndarray:
+    """One length for every key, as a read-only array view that takes no memory per key."""
+    return np.broadcast_to(np.int64(length), (num_keys,))
+
+
 def _lengths_array(value_lengths: Any, num_keys: int) -> np.ndarray:
     if isinstance(value_lengths, (bool, np.bool_)):
         raise TypeError(f"value_lengths must be an int or a 1-D integer array, got {value_lengths!r}")
@@ -83,7 +88,7 @@ def _lengths_array(value_lengths: Any, num_keys: int) -> np.ndarray:
         v = int(value_lengths)
         if v < 1:
             raise ValueError(f"value_lengths must be >= 1, got {v}")
-        return np.full(num_keys, v, dtype=np.int64)
+        return _uniform(v, num_keys)
     if isinstance(value_lengths, torch.Tensor):
         value_lengths = value_lengths.detach().cpu().numpy()
     if not isinstance(value_lengths, np.ndarray):
@@ -100,10 +105,11 @@ def _lengths_array(value_lengths: Any, num_keys: int) -> np.ndarray:
     if value_lengths.ndim != 1 or value_lengths.shape[0] != num_keys:
         raise ValueError(f"value_lengths must have shape ({num_keys},) (one length per key), got {value_lengths.shape}")
     arr = np.ascontiguousarray(value_lengths, dtype=np.int64)
-    if num_keys and int(arr.min()) < 1:
+    lo, hi = (int(arr.min()), int(arr.max())) if num_keys else (1, 1)
+    if lo < 1:
         pos = int(np.nonzero(arr < 1)[0][0])
         raise ValueError(f"value_lengths[{pos}] = {int(arr[pos])} must be >= 1")
-    return arr
+    return _uniform(lo, num_keys) if lo == hi else arr
 
 
 class Server:
@@ -194,7 +200,8 @@ class Server:
             self._comm.handle,
             self._coll.handle,
             self._cfg.num_keys,
-            int(self.lengths.ctypes.data),
+            0 if self.lengths.strides[0] == 0 else int(self.lengths.ctypes.data),
+            int(self.lengths[0]) if self.lengths.strides[0] == 0 else 0,
             _DTYPES[dtype],
             self._cfg.num_threads,
             TECHNIQUES[self._cfg.technique],

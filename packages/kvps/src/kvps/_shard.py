@@ -37,7 +37,12 @@ class LocalShard:
         self.rank = int(engine.rank)
         self.size = int(engine.size)
         self.num_keys = int(engine.num_keys)
-        self.slot_lengths: np.ndarray = np.asarray(engine.slot_lengths(), dtype=np.int64)
+        uniform = int(engine.uniform_slot_len)
+        self.slot_lengths: np.ndarray = (
+            np.broadcast_to(np.int64(uniform), (self.num_keys,))
+            if uniform
+            else np.asarray(engine.slot_lengths(), dtype=np.int64)
+        )
 
     @property
     def itemsize(self) -> int:
