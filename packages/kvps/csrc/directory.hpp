@@ -13,6 +13,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "keydiv.hpp"
+
 namespace kvps {
 
 /// A key's state on one rank (exported to Python as KEY_STATES).
@@ -69,14 +71,15 @@ class Directory {
     num_keys_ = num_keys;
     rank_ = rank;
     size_ = size;
+    kd_ = KeyDiv(size, num_keys);
     use_mask_ = size <= 64;
     reset();
   }
 
   Meta& operator[](int64_t k) const { return meta_[k]; }
   Meta* records() const { return meta_; }
-  int home(int64_t k) const { return static_cast<int>(k % size_); }
-  bool is_home(int64_t k) const { return k % size_ == rank_; }
+  int home(int64_t k) const { return static_cast<int>(kd_.mod(k)); }
+  bool is_home(int64_t k) const { return home(k) == rank_; }
 
   /// Every key back at its home, no intents, no replicas.
   void reset() {
@@ -147,6 +150,7 @@ class Directory {
   Meta* meta_ = nullptr;
   int64_t num_keys_ = 0;
   int rank_ = 0, size_ = 1;
+  KeyDiv kd_;
   bool use_mask_ = true;
   std::unordered_map<int64_t, std::vector<int32_t>> intenders_;
 };

@@ -360,8 +360,8 @@ class Engine {
     if (j >= n) return;
     const int64_t k = keys[j];
     __builtin_prefetch(&meta_[k], 1);
-    if (val) {
-      const char* p = sh_.slot(k);
+    if (!val) return;
+    if (const char* p = sh_.home_slot(k)) {
       const int64_t bytes = std::min<int64_t>(static_cast<int64_t>(sh_.layout().slot_bytes(k)), 256);
       for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 1);
     }
@@ -444,12 +444,24 @@ inline int64_t Engine::op(int op, int worker, const int64_t* keys, int64_t n, ch
     int64_t r = 0, shared = 0;
     constexpr int64_t kAhead = 24;
     for (int64_t i = lo; i < hi; ++i) {
-      if (i + kAhead < hi) {  // the whole slot a few keys ahead: random rows miss every cache line
+      if (i + kAhead < hi) {
+        // a few keys ahead: the record here and the slot where the key most
+        // likely is, its home (here, or a node-local peer's shard), whose
+        // place needs no record: random rows miss every cache line
         const int64_t kp = keys[i + kAhead];
-        const char* sp = sh_.slot(kp);
-        const size_t b = std::min<size_t>(op == M_PULL ? lay.row_bytes(kp) : lay.slot_bytes(kp), 512);
-        for (size_t o = 0; o < b; o += 64) __builtin_prefetch(sp + o, 1);
         __builtin_prefetch(&meta_[kp].state, 1);
+        const int h = dir_.home(kp);
+        const char* sp = nullptr;
+        if (h == rank_) {
+          sp = sh_.home_slot(kp);
+        } else if (peers && pmeta_[h]) {
+          __builtin_prefetch(&pmeta_[h][kp], 1);
+          sp = shm_.values(h) + lay.at(kp, h, -1);
+        }
+        if (sp) {
+          const size_t b = std::min<size_t>(op == M_PULL ? lay.row_bytes(kp) : lay.slot_bytes(kp), 512);
+          for (size_t o = 0; o < b; o += 64) __builtin_prefetch(sp + o, 1);
+        }
       }
       const int64_t k = keys[i];
       char* v = vals + (uni ? i * urow : voff[i]);

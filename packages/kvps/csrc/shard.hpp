@@ -40,6 +40,12 @@ class Shard {
   /// Key k's slot here (valid while the key is held here).
   char* slot(int64_t k) const { return vals_ + lay_.at(k, rank_, meta_[k].slot); }
   char* delta(int64_t k) const { return delta_.data() + lay_.at(k, rank_, meta_[k].slot); }
+  /// Key k's slot here if k is homed here (its place is known without its
+  /// record), else nullptr: for prefetching ahead, where reading the record
+  /// to find a region-B slot would itself wait for memory.
+  const char* home_slot(int64_t k) const {
+    return lay_.home(k) == rank_ ? vals_ + lay_.at(k, rank_, -1) : nullptr;
+  }
   /// Key k's slot in rank p's arena `values`, from p's record `m` of it.
   char* slot_of(char* values, int p, int64_t k, const Meta& m) const { return values + lay_.at(k, p, m.slot); }
   Arena& delta_arena() { return delta_; }
@@ -48,12 +54,12 @@ class Shard {
   /// one (region A for keys homed here, a free region-B slot for others).
   void hold(int64_t k) {
     Meta& m = meta_[k];
-    if (k % size_ != rank_ && m.slot < 0) m.slot = pool_.take(lay_.cls(k));
+    if (lay_.home(k) != rank_ && m.slot < 0) m.slot = pool_.take(lay_.cls(k));
   }
   /// Key k leaves (no longer owned nor replicated here): free its region-B slot.
   void release(int64_t k) {
     Meta& m = meta_[k];
-    if (k % size_ != rank_ && m.slot >= 0) {
+    if (lay_.home(k) != rank_ && m.slot >= 0) {
       pool_.give(lay_.cls(k), m.slot);
       m.slot = -1;
     }

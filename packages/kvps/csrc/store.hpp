@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "distkit/error.hpp"
+#include "keydiv.hpp"
 
 namespace kvps {
 
@@ -72,7 +73,7 @@ class Layout {
   template <class StateLen>
   Layout(const int64_t* lengths, int64_t uniform_row, int64_t num_keys, int size, int64_t itemsize,
          StateLen&& state_len)
-      : isz_(itemsize), num_keys_(num_keys), size_(size) {
+      : isz_(itemsize), num_keys_(num_keys), size_(size), kd_(size, num_keys) {
     if (!lengths) {
       check(uniform_row > 0, "value length must be > 0, got ", uniform_row);
       uniform_ = true;
@@ -133,7 +134,7 @@ class Layout {
   /// Byte offset of key k's slot in rank r's arena; `b_slot`: the slot's
   /// index in region B (keys not homed on r).
   size_t at(int64_t k, int r, int32_t b_slot) const {
-    if (k % size_ == r) return static_cast<size_t>((uniform_ ? (k / size_) * uslot_ : off_a_[k]) * isz_);
+    if (kd_.mod(k) == r) return static_cast<size_t>((uniform_ ? kd_.div(k) * uslot_ : off_a_[k]) * isz_);
     return static_cast<size_t>((a_size_ + cls_base_[cls(k)] + int64_t(b_slot) * slot(k)) * isz_);
   }
   /// Bytes of an arena (both regions).
@@ -144,6 +145,8 @@ class Layout {
     for (int64_t i = 0; i < n; ++i) s += row_[keys[i]];
     return s;
   }
+  /// The home rank of key k.
+  int home(int64_t k) const { return static_cast<int>(kd_.mod(k)); }
   /// The slot length if every key has the same, else 0.
   int64_t uniform_slot() const { return uniform_ ? uslot_ : 0; }
 
@@ -151,6 +154,7 @@ class Layout {
   int64_t isz_;
   int64_t num_keys_;
   int size_;
+  KeyDiv kd_;
   bool uniform_ = true;
   int64_t urow_ = 0, uslot_ = 0;
   std::vector<int64_t> row_, off_a_;   // variable lengths only
