@@ -62,21 +62,22 @@ PYBIND11_MODULE(_kvps, m) {
 
   m.def(
       "bag_grad",
-      [](int dtype, uintptr_t grad, int64_t dim, uintptr_t local, uintptr_t order, uintptr_t bag, uintptr_t scale,
-         int64_t n, int64_t rows, int64_t skip, uintptr_t out) {
+      [](int dtype, uintptr_t grad, int64_t dim, uintptr_t local, uintptr_t order, uintptr_t offsets, int64_t nbags,
+         bool include_last, int64_t n, uintptr_t psw, bool mean, int64_t rows, int64_t skip, uintptr_t out) {
         nogil g;
+        const kvps::Bags bags{ptr<const int64_t>(offsets), nbags, include_last, n};
         const auto dt = distkit::dtype_from_code(dtype);
         if (dt == distkit::DType::Float32) {
-          kvps::bag_grad(ptr<const float>(grad), dim, ptr<const int64_t>(local), ptr<const int64_t>(order),
-                         ptr<const int64_t>(bag), ptr<const float>(scale), n, rows, skip, ptr<float>(out));
+          kvps::bag_grad(ptr<const float>(grad), dim, ptr<const int64_t>(local), ptr<const int64_t>(order), bags,
+                         ptr<const float>(psw), mean, rows, skip, ptr<float>(out));
         } else if (dt == distkit::DType::Float64) {
-          kvps::bag_grad(ptr<const double>(grad), dim, ptr<const int64_t>(local), ptr<const int64_t>(order),
-                         ptr<const int64_t>(bag), ptr<const double>(scale), n, rows, skip, ptr<double>(out));
+          kvps::bag_grad(ptr<const double>(grad), dim, ptr<const int64_t>(local), ptr<const int64_t>(order), bags,
+                         ptr<const double>(psw), mean, rows, skip, ptr<double>(out));
         } else {
           throw distkit::TypeError("bag_grad: float32 or float64 only");
         }
       },
-      "Gradient of sum/mean bags w.r.t. their rows (pooling.hpp); pointers to contiguous CPU buffers.");
+      "Gradient of sum/mean bags w.r.t. their rows (pooling.hpp); pointers to contiguous CPU buffers, psw 0: none.");
 
   py::class_<Engine>(m, "Engine")
       .def(py::init([](uintptr_t comm, uintptr_t coll, int64_t num_keys, uintptr_t lengths, int64_t uniform_len,

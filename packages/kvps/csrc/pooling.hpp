@@ -41,13 +41,42 @@ KVPS_FMA_TARGET void accumulate_fma(T* y, int64_t dim, const int64_t* order, int
   accumulate(y, dim, order, lo, hi, bag, scale, grad);
 }
 
+/// The bags of a batch as embedding_bag takes them: `offsets` (`nbags` starts,
+/// or `nbags + 1` entries with the end when `include_last`) over `n` ids.
+struct Bags {
+  const int64_t* offsets;
+  int64_t nbags;
+  bool include_last;
+  int64_t n;
+  int64_t end(int64_t b) const { return b + 1 < nbags || include_last ? offsets[b + 1] : n; }
+};
+
 /// out (rows x dim, zeroed here): for each row r except `skip`, the sum over
 /// the ids i with local[i] == r, in the order `order` (torch.sort(local)'s
-/// permutation) lists them, of scale[i] * grad[bag[i]].
+/// permutation) lists them, of scale_i * grad[bag of i]. scale_i is
+/// psw[i] ("sum" with per-sample weights), 1 / (the bag's ids other than
+/// `skip`) for `mean` (in double, as torch computes it), else 1.
 template <class T>
-void bag_grad(const T* grad, int64_t dim, const int64_t* local, const int64_t* order, const int64_t* bag,
-              const T* scale, int64_t n, int64_t rows, int64_t skip, T* out) {
+void bag_grad(const T* grad, int64_t dim, const int64_t* local, const int64_t* order, const Bags& bags, const T* psw,
+              bool mean, int64_t rows, int64_t skip, T* out) {
+  const int64_t n = bags.n;
   std::memset(out, 0, static_cast<size_t>(rows * dim) * sizeof(T));
+  std::vector<int64_t> bag(n);
+  std::vector<T> scale(n, T(1));
+  for (int64_t b = 0; b < bags.nbags; ++b) {
+    const int64_t lo = bags.offsets[b], hi = bags.end(b);
+    int64_t count = 0;
+    for (int64_t i = lo; i < hi; ++i) {
+      bag[i] = b;
+      count += local[i] != skip;
+    }
+    if (mean && count > 0) {
+      const T s = static_cast<T>(1.0 / static_cast<double>(count));
+      for (int64_t i = lo; i < hi; ++i) scale[i] = s;
+    }
+  }
+  if (psw)
+    for (int64_t i = 0; i < n; ++i) scale[i] = psw[i];
   std::vector<int64_t> seg;  // start of each row's run in `order`
   seg.reserve(static_cast<size_t>(rows) + 1);
   for (int64_t j = 0; j < n; ++j)
@@ -58,7 +87,7 @@ void bag_grad(const T* grad, int64_t dim, const int64_t* local, const int64_t* o
   distkit::parallel_for(0, nseg, 256, [&](int64_t lo, int64_t hi) {
     for (int64_t s = lo; s < hi; ++s) {
       const int64_t r = local[order[seg[s]]];
-      if (r != skip) acc(out + r * dim, dim, order, seg[s], seg[s + 1], bag, scale, grad);
+      if (r != skip) acc(out + r * dim, dim, order, seg[s], seg[s + 1], bag.data(), scale.data(), grad);
     }
   });
 }

@@ -169,8 +169,8 @@ class _Lookup:
         self.lens = lens
         count = keys.numel() * dim if dim is not None else int(lens.sum()) if lens is not None else 0
         self.rows = torch.empty(count, dtype=worker.server.dtype)
-        if keys.numel():
-            worker.pull(keys, self.rows)
+        if keys.numel():  # (keys: distinct ids checked at the module's boundary)
+            worker._rows(_kvps.PULL, keys, self.rows, False)
         if pending is not None:
             self.rows.requires_grad_(True)
             push_keys, elems = keys, None
@@ -182,7 +182,7 @@ class _Lookup:
             def push(g: torch.Tensor) -> None:
                 vals = (g if elems is None else g[elems]).detach().contiguous()
                 if push_keys.numel():
-                    ts = worker.push(push_keys, vals, True)
+                    ts = worker._rows(_kvps.PUSH, push_keys, vals, True)
                     if ts >= 0:
                         pending.append(ts)
 
@@ -237,33 +237,25 @@ class _SumMeanBag(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
         local, offsets, psw, order = ctx.saved_tensors
         shape, mode, include_last_offset, pad = ctx.args
-        n = local.numel()
-        bags = offsets.numel() - (1 if include_last_offset else 0)
-        ends = offsets[1:] if include_last_offset else torch.cat([offsets[1:], offsets.new_tensor([n])])
-        bag = torch.repeat_interleave(torch.arange(bags), ends - offsets[:bags], output_size=n)
-        if mode == "mean":  # torch divides by the bag's size (without padding ids) in double
-            keep = None if pad is None else (local != pad).double()
-            counts = torch.bincount(bag, weights=keep, minlength=bags).double().clamp(min=1)
-            scale = (1.0 / counts)[bag].to(grad.dtype)
-        elif psw is not None:
-            scale = psw.reshape(-1).to(grad.dtype).contiguous()
-        else:
-            scale = torch.ones(n, dtype=grad.dtype)
         g = grad.contiguous()
-        out = torch.empty(shape, dtype=g.dtype)
         if order is None:
             order = torch.sort(local).indices  # the order torch's own backward visits the ids in
+        w = psw.reshape(-1).to(g.dtype).contiguous() if psw is not None else None
+        out = torch.empty(shape, dtype=g.dtype)
         _kvps.bag_grad(
             _kvps.VALUE_DTYPES[str(g.dtype).removeprefix("torch.")],
             g.data_ptr(),
             shape[1],
             local.data_ptr(),
             order.data_ptr(),
-            bag.data_ptr(),
-            scale.data_ptr(),
-            n,
+            offsets.data_ptr(),
+            offsets.numel() - (1 if include_last_offset else 0),
+            include_last_offset,
+            local.numel(),
+            0 if w is None else w.data_ptr(),
+            mode == "mean",
             shape[0],
-            -1 if pad is None else pad,  # padding ids add nothing
+            -1 if pad is None else pad,  # padding ids add nothing (nor count in a mean)
             out.data_ptr(),
         )
         return out, None, None, None, None, None, None, None

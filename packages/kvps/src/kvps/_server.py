@@ -534,6 +534,19 @@ class Worker:
             self._e.wait(ts)
         return ts
 
+    def _rows(self, op: int, keys: torch.Tensor, vals: torch.Tensor, asynchronous: bool) -> int:
+        """``op`` on keys and values the caller made and checked itself (the torch modules).
+
+        ``keys``: contiguous int64 in range; ``vals``: contiguous, of the
+        server's dtype and the keys' value lengths. Pushes copy the values, so
+        an asynchronous push needs nothing kept alive; pulls here are synchronous.
+        """
+        self.server._check_open()
+        ts = int(self._e.op(op, self.customer_id, keys.data_ptr(), keys.numel(), vals.data_ptr()))
+        if ts >= 0 and (op == _PULL or not asynchronous):
+            self._e.wait(ts)
+        return ts
+
     def pull(self, keys: Any, vals: Any, asynchronous: bool = False) -> int:
         """Read the values of ``keys`` into the flat buffer ``vals`` (in place).
 
