@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -179,3 +180,10 @@ def test_embedding_bag_collection(nprocs: int, shm: str) -> None:
 def test_readme_example_runs() -> None:
     res = run_mpi(str(Path(__file__).parents[1] / "example.py"), 2, timeout=120)
     assert res.stdout.count("key 1 = [2. 2. 2. 2. 2. 2. 2. 2.]") == 2
+
+
+@pytest.mark.mpi
+def test_readme_recsys_example_trains() -> None:
+    res = run_mpi(str(Path(__file__).parents[1] / "example_recsys.py"), 2, timeout=120)
+    losses = re.findall(r"loss (\d+\.\d+) -> (\d+\.\d+)", res.stdout)
+    assert len(losses) == 2 and all(float(b) < float(a) for a, b in losses), res.stdout
