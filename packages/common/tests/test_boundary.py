@@ -216,6 +216,10 @@ def test_fsync_path_errors(tmp_path: Path) -> None:
 def test_launch_node_and_slurm_counts() -> None:
     env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"}
     assert launch_info(env) == LaunchInfo("torchrun", 3, 4, 1, 2, 1)
+    assert (
+        launch_info(env).node_rank == 1
+        and launch_info({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}).node_rank is None
+    )
     slurm = {"SLURM_PROCID": "6", "SLURM_NTASKS": "7", "SLURM_LOCALID": "0", "SLURM_NODEID": "3"}
     assert launch_info(dict(slurm, SLURM_TASKS_PER_NODE="2(x3),1")) == LaunchInfo("slurm", 6, 7, 0, 1, 3)
     assert launch_info(dict(slurm, SLURM_TASKS_PER_NODE="2(x4)")).local_size == 2

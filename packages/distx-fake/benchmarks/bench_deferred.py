@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -53,35 +54,41 @@ def bench(name: str, ratio: float, goal: str, met: bool, **extra: object) -> Non
 
 
 def main() -> None:
-    reps = int(os.environ.get("DISTX_BENCH_REPS", "3"))
+    reps = int(os.environ.get("DISTX_BENCH_REPS", "5"))
     eager, deferred = [], []
     for _ in range(reps):  # interleaved so background load hits both alike
         eager.append(run("eager"))
         deferred.append(run("deferred"))
     same = all(d["digest"] == eager[0]["digest"] and d["after"] == eager[0]["after"] for d in deferred)
-    te = min(float(r["time"]) for r in eager)  # type: ignore[arg-type]
-    td = min(float(r["time"]) for r in deferred)  # type: ignore[arg-type]
-    tr = min(float(r["record"]) for r in deferred)  # type: ignore[arg-type]
-    re_ = min(int(r["maxrss"]) for r in eager)  # type: ignore[call-overload]
-    rd = min(int(r["maxrss"]) for r in deferred)  # type: ignore[call-overload]
+    med = statistics.median
+    t_ratios = sorted(float(d["time"]) / float(e["time"]) for e, d in zip(eager, deferred))  # type: ignore[arg-type]
+    m_ratios = sorted(int(d["maxrss"]) / int(e["maxrss"]) for e, d in zip(eager, deferred))  # type: ignore[call-overload]
+    te = med(float(r["time"]) for r in eager)  # type: ignore[arg-type]
+    td = med(float(r["time"]) for r in deferred)  # type: ignore[arg-type]
+    tr = med(float(r["record"]) for r in deferred)  # type: ignore[arg-type]
+    re_ = med(int(r["maxrss"]) for r in eager)  # type: ignore[call-overload]
+    rd = med(int(r["maxrss"]) for r in deferred)  # type: ignore[call-overload]
     n = int(eager[0]["params"])  # type: ignore[call-overload]
     print(
-        f"# GPT {n / 1e6:.0f}M params: eager {te:.2f} s, deferred_init {tr:.2f} s + materialize = {td:.2f} s; "
-        f"peak RSS eager {re_ / 2**20:.0f} MB, deferred {rd / 2**20:.0f} MB; bit-identical + same RNG stream: {same}"
+        f"# GPT {n / 1e6:.0f}M params (medians of {reps} alternating runs): eager {te:.2f} s, deferred_init "
+        f"{tr:.2f} s + materialize = {td:.2f} s; peak RSS eager {re_ / 2**20:.0f} MB, deferred {rd / 2**20:.0f} MB; "
+        f"bit-identical + same RNG stream: {same}"
     )
-    r = td / te
+    r = med(t_ratios)
     bench(
-        f"deferred_init+materialize {n / 1e6:.0f}M GPT: time / eager",
+        f"deferred_init+materialize {n / 1e6:.0f}M GPT: time / eager, median of {reps} paired runs",
         r,
         "<= 1.3",
         r <= 1.3 and same,
+        range=[round(t_ratios[0], 3), round(t_ratios[-1], 3)],
         bit_identical=same,
         seconds=round(td, 3),
         eager_seconds=round(te, 3),
+        record_seconds=round(tr, 3),
     )
-    r = rd / re_
+    r = med(m_ratios)
     bench(
-        f"deferred_init+materialize {n / 1e6:.0f}M GPT: peak RSS / eager",
+        f"deferred_init+materialize {n / 1e6:.0f}M GPT: peak RSS / eager, median of {reps} paired runs",
         r,
         "<= 1.1",
         r <= 1.1,

@@ -33,6 +33,29 @@ std::vector<uint32_t> write_pieces(int fd, const std::vector<Piece>& pieces, boo
 /// pread every piece from fd in parallel; returns the crc32c of each piece as read.
 /// With `direct`, reads go through aligned bounce buffers (offsets must be multiples of 4096).
 std::vector<uint32_t> read_pieces(int fd, const std::vector<Piece>& pieces, bool direct = false);
+/// A byte range of one source file (for copy_pieces).
+struct SourcePiece {
+  int src;         // index into the source fds
+  int64_t offset;  // file offset
+  int64_t nbytes;  // length
+};
+/// Where bytes of a source piece go: piece bytes [at, at + nbytes) -> dst file offset.
+struct Run {
+  int64_t piece;   // index into the pieces
+  int64_t at;      // byte offset inside the piece
+  int64_t nbytes;  // length
+  int dst;         // index into the destination fds
+  int64_t offset;  // destination file offset
+};
+/// Copy every source piece to its runs in the destination files, on the I/O thread pool: each
+/// piece is read once (O_DIRECT sources as whole aligned blocks into an aligned buffer, others
+/// with pread) in blocks, checksummed, and its bytes pwritten straight to their destinations
+/// while other threads read; reading and writing overlap. With `writeback`, the pages written
+/// are handed to the disk as each block is done (sync_file_range), ahead of a final fsync.
+/// Returns the crc32c of each piece.
+std::vector<uint32_t> copy_pieces(const std::vector<int>& src_fds, const std::vector<bool>& src_direct,
+                                  const std::vector<int>& dst_fds, const std::vector<SourcePiece>& pieces,
+                                  std::vector<Run> runs, bool writeback);
 /// fsync a file descriptor / a path (file or directory).
 void fsync_fd(int fd);
 void fsync_path(const std::string& path);

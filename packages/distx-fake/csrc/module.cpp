@@ -74,6 +74,30 @@ PYBIND11_MODULE(_distx_fake, m) {
       py::arg("fd"), py::arg("pieces"), py::arg("direct") = false,
       "pread (ptr, nbytes, offset) pieces in parallel; returns their crc32c.");
   m.def(
+      "copy_pieces",
+      [](const std::vector<std::tuple<int, bool>>& sources, const std::vector<int>& dsts,
+         const std::vector<std::tuple<int, int64_t, int64_t>>& pieces,
+         const std::vector<std::tuple<int64_t, int64_t, int64_t, int, int64_t>>& runs, bool writeback) {
+        std::vector<int> src_fds;
+        std::vector<bool> src_direct;
+        for (const auto& [fd, direct] : sources) {
+          src_fds.push_back(fd);
+          src_direct.push_back(direct);
+        }
+        std::vector<distx::SourcePiece> pcs;
+        pcs.reserve(pieces.size());
+        for (const auto& [src, offset, nbytes] : pieces) pcs.push_back({src, offset, nbytes});
+        std::vector<distx::Run> rs;
+        rs.reserve(runs.size());
+        for (const auto& [piece, at, nbytes, dst, offset] : runs) rs.push_back({piece, at, nbytes, dst, offset});
+        distkit::nogil release;
+        return distx::copy_pieces(src_fds, src_direct, dsts, pcs, std::move(rs), writeback);
+      },
+      py::arg("sources"), py::arg("dsts"), py::arg("pieces"), py::arg("runs"), py::arg("writeback") = false,
+      "Copy (source, offset, nbytes) pieces of `sources` ((fd, direct) pairs) to their "
+      "(piece, at, nbytes, dst, offset) runs in the `dsts` fds, reading each piece once "
+      "(`writeback`: start writing the pages to disk as they are done); returns each piece's crc32c.");
+  m.def(
       "fsync_fd",
       [](int fd) {
         distkit::nogil release;

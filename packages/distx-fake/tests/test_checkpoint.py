@@ -313,8 +313,8 @@ def test_async_save_second_call_waits_for_or_replaces_the_first(
 @pytest.mark.spawn
 def test_two_rank_save_loads_on_one_and_three_ranks(tmp_path: Path) -> None:
     path = str(tmp_path / "ck")
-    run_spawn(ckpt_workers.save_body, 2, args=(path,), timeout=180)
-    run_spawn(ckpt_workers.load_body, 3, args=(path,), timeout=180)
+    # one 3-process job: ranks 0-1 save (and async-save) through their own group, all 3 load
+    run_spawn(ckpt_workers.save_on_two_load_on_three_body, 3, args=(path,), timeout=240)
     # one rank, no process group: plain tensors receive the whole global tensors
     g = ckpt_workers.global_tensors()
     for p in (path, path + "-async"):

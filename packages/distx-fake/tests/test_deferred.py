@@ -414,6 +414,136 @@ def test_materialize_onto_device_and_param_init_fn() -> None:
     assert mm.weight.device.type == "meta" and isinstance(mm.weight, nn.Parameter)
 
 
+class _Mixed(nn.Module):
+    """Parameters of several kinds, a tied pair, float and integer buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm1d(16)  # running stats (float) + num_batches_tracked (int64)
+        self.lin = nn.Linear(16, 50)
+        self.lin.weight = self.emb.weight  # tied: Module._apply visits it twice
+        self.ln = nn.LayerNorm(16)
+        self.register_buffer("idx", torch.arange(5))
+
+
+def _set_data(t: torch.Tensor, value: torch.Tensor) -> None:
+    t.data = value
+
+
+# every way a module or a tensor changes dtype, layout or device inside module_fn
+_CONVERSIONS: dict[str, object] = {
+    "double": lambda m: m.double(),
+    "half": lambda m: m.half(),
+    "bfloat16": lambda m: m.bfloat16(),
+    "float_after_double": lambda m: m.double().float(),
+    "to_dtype": lambda m: m.to(torch.float64),
+    "to_dtype_kw": lambda m: m.to(dtype=torch.float16),
+    "to_device_dtype": lambda m: m.to("cpu", torch.float64),
+    "to_tensor": lambda m: m.to(torch.zeros(1, dtype=torch.bfloat16)),
+    "type": lambda m: m.type(torch.float64),
+    "cpu_noop": lambda m: m.cpu(),
+    "channels_last": lambda m: (m.conv.to(memory_format=torch.channels_last), m)[1],
+    "double_then_init": lambda m: (
+        m.double(),
+        nn.init.normal_(m.lin.bias),
+        m.emb.weight.data.mul_(3),
+        m.bn.running_var.add_(m.ln.weight),
+        m,
+    )[-1],
+    "data_assignment": lambda m: (_set_data(m.ln.weight, m.ln.weight.data.double() * 2), m)[1],
+    "tensor_to_double_type": lambda m: (
+        m.register_buffer("x", m.lin.bias.to(torch.float64) + m.idx.double().sum()),
+        m.register_buffer("y", m.conv.bias.type(torch.float16).bfloat16()),
+        m.register_buffer("z", m.ln.bias.half().to(torch.float32, copy=True)),
+        m,
+    )[-1],
+}
+
+
+@pytest.fixture(params=["set_data", "swap_tensors", "overwrite"])
+def conversion_mode(request: pytest.FixtureRequest) -> object:
+    """Module._apply's three ways of installing a converted parameter (torch.__future__ flags)."""
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(request.param == "swap_tensors")
+    torch.__future__.set_overwrite_module_params_on_conversion(request.param == "overwrite")
+    yield request.param
+    torch.__future__.set_swap_module_params_on_conversion(swap)
+    torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
+
+
+@pytest.mark.parametrize("conversion", list(_CONVERSIONS))
+def test_dtype_and_layout_conversions_inside_deferred_init_match_eager(conversion: str, conversion_mode: str) -> None:
+    convert = _CONVERSIONS[conversion]
+
+    def build() -> nn.Module:
+        return convert(_Mixed())  # type: ignore[operator]
+
+    torch.manual_seed(8)
+    eager = build()
+    after_eager = torch.randn(4)
+    torch.manual_seed(8)
+    m = di.deferred_init(build)
+    after_deferred = torch.randn(4)
+    for name, t in _tensors(eager).items():  # the fakes already report the converted metadata
+        f = _tensors(m)[name]
+        assert (f.dtype, f.shape, f.stride()) == (t.dtype, t.shape, t.stride()), name
+    torch.manual_seed(99)
+    di.materialize_module(m)
+    _assert_identical(eager, m)  # dtype, shape, bits, Parameter-ness, requires_grad
+    for name, t in _tensors(eager).items():
+        assert _tensors(m)[name].stride() == t.stride(), name
+    # ties as eager has them (the `overwrite` mode gives each module its own converted copy)
+    assert (m.lin.weight is m.emb.weight) == (eager.lin.weight is eager.emb.weight)
+    assert torch.equal(after_eager, after_deferred)
+
+
+def test_conversion_of_fake_cuda_modules_materializes_on_cpu_as_eager() -> None:
+    cases = [
+        (lambda: nn.Linear(4, 3).cuda(), lambda: nn.Linear(4, 3)),
+        (lambda: nn.Linear(4, 3).to("cuda", torch.float64), lambda: nn.Linear(4, 3).double()),
+        (lambda: nn.Linear(4, 3).double().cuda().half(), lambda: nn.Linear(4, 3).double().half()),
+    ]
+    for build, reference in cases:
+        torch.manual_seed(3)
+        eager = reference()
+        torch.manual_seed(3)
+        with fake.fake_mode(fake_cuda=True):
+            m = di.deferred_init(build)
+        assert m.weight.device.type == "cuda" and m.weight.dtype == eager.weight.dtype
+        di.materialize_module(m, device="cpu")
+        _assert_identical(eager, m)
+
+
+def test_conversions_under_fake_mode_keep_meta_and_metadata_in_step() -> None:
+    real = torch.zeros(3, 4, dtype=torch.float64)
+    with fake.fake_mode():
+        lin = nn.Linear(4, 3).double()
+        y = lin(torch.ones(2, 4, dtype=torch.float64))
+        assert y.dtype == torch.float64 and fake.is_fake(y)
+        conv = nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last).half()
+        assert conv.weight.dtype == torch.float16 and conv.weight.stride() == (27, 1, 9, 3)
+        assert fake.meta_like(conv.weight).stride() == (27, 1, 9, 3)
+        with pytest.raises(TypeError, match="cannot assign a real Tensor"):
+            lin.weight.data = real
+
+
+def test_conversion_after_deferred_init_returns_is_refused_not_silently_lost() -> None:
+    torch.manual_seed(5)
+    eager = nn.Linear(4, 3)
+    torch.manual_seed(5)
+    m = di.deferred_init(nn.Linear, 4, 3)
+    with pytest.raises(RuntimeError, match=r"outside deferred_init .*convert inside module_fn"):
+        m.double()
+    assert m.weight.dtype == torch.float32  # nothing was changed
+    di.materialize_module(m)
+    _assert_identical(eager, m)
+    m.double()  # after materialization: an ordinary module
+    assert m.weight.dtype == torch.float64 and torch.equal(m.weight, eager.weight.double())
+
+
 def test_fake_cuda_module_materializes_on_cpu_with_eager_values() -> None:
     torch.manual_seed(4)
     eager = nn.Linear(16, 8)

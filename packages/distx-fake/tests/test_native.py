@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -159,3 +160,65 @@ def test_direct_io_unaligned_offsets_and_residues(tmp_path: Path) -> None:
     assert data[3 * A : off1] == bytes(r)  # zero padding before the first byte
     assert data[off2 - 17 : off2] == bytes(17) and data[off3 - 100 : off3] == bytes(100)
     assert len(data) % A == 0
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_copy_pieces_scatters_each_piece_to_its_runs_with_its_crc(tmp_path: Path, direct: bool) -> None:
+    rng = np.random.default_rng(1)
+    data = rng.integers(0, 256, 20 << 20, dtype=np.uint8).tobytes()  # > one read block
+    (tmp_path / "src.bin").write_bytes(data)
+    flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
+    try:
+        src = os.open(tmp_path / "src.bin", flags)
+    except OSError:
+        pytest.skip("O_DIRECT is not supported on this filesystem")
+    dsts = [os.open(tmp_path / f"d{i}.bin", os.O_RDWR | os.O_CREAT, 0o600) for i in range(2)]
+    # pieces at unaligned offsets (O_DIRECT reads the aligned blocks around them), one empty
+    pieces = [(0, 64, (9 << 20) + 7), (0, 4096 + 64, 5), (0, 0, 0), (0, 3, 1000)]
+    runs, expect = [], {0: bytearray(), 1: bytearray()}
+    for k, (_, off, n) in enumerate(pieces):
+        # split each piece into uneven runs, the pieces alternating between the two files
+        cuts = sorted({0, n, *rng.integers(0, max(n, 1), 5).tolist()})
+        d = k % 2
+        for a, b in itertools.pairwise(cuts):
+            runs.append((k, a, b - a, d, len(expect[d])))
+            expect[d] += data[off + a : off + b]
+    rng.shuffle(runs)  # the engine orders them
+    try:
+        crcs = nat.copy_pieces([(src, direct)], dsts, pieces, runs, writeback=direct)
+    finally:
+        os.close(src)
+        for fd in dsts:
+            os.close(fd)
+    assert crcs == [nat.crc32c(data[off : off + n]) for _, off, n in pieces]
+    for d in range(2):
+        assert (tmp_path / f"d{d}.bin").read_bytes() == bytes(expect[d])
+    with pytest.raises(ValueError, match="invalid run"):
+        nat.copy_pieces([(0, False)], [1], [(0, 0, 10)], [(0, 5, 10, 0, 0)])  # past the piece's end
+    with pytest.raises(ValueError, match="invalid source piece"):
+        nat.copy_pieces([(0, False)], [1], [(3, 0, 10)], [])
+    with pytest.raises(ValueError, match="go to several destination files"):
+        nat.copy_pieces([(0, False)], [1, 2], [(0, 0, 10)], [(0, 0, 5, 0, 0), (0, 5, 5, 1, 0)])
+
+
+def test_copy_pieces_errors_end_the_copy_cleanly(tmp_path: Path) -> None:
+    data = bytes(range(256)) * (40 << 12)  # 10 MiB: several blocks per piece
+    (tmp_path / "src.bin").write_bytes(data)
+    src = os.open(tmp_path / "src.bin", os.O_RDONLY)
+    ro = os.open(tmp_path / "src.bin", os.O_RDONLY)  # not writable: the writer fails
+    dst = os.open(tmp_path / "dst.bin", os.O_RDWR | os.O_CREAT, 0o600)
+    pieces = [(0, o, 1 << 20) for o in range(0, len(data), 1 << 20)]
+    runs = [(k, 0, 1 << 20, 0, k << 20) for k in range(len(pieces))]
+    try:
+        with pytest.raises(OSError, match="pwrite"):
+            nat.copy_pieces([(src, False)], [ro], pieces, runs)
+        with pytest.raises(ValueError, match="truncated"):  # a piece past the end of the source
+            nat.copy_pieces([(src, False)], [dst], [*pieces, (0, len(data) - 10, 20)], runs)
+        # and the engine still works afterwards
+        assert nat.copy_pieces([(src, False)], [dst], pieces, runs) == [
+            nat.crc32c(data[o : o + (1 << 20)]) for _, o, _ in pieces
+        ]
+    finally:
+        for fd in (src, ro, dst):
+            os.close(fd)
+    assert (tmp_path / "dst.bin").read_bytes() == data

@@ -35,27 +35,42 @@ def _sample() -> dict[str, torch.Tensor]:
     }
 
 
+def _multi_rank_checkpoint(root: Path, parts: list[dict[str, object]], piece_bytes: int = 32 << 20) -> Path:
+    """One checkpoint folder as ``len(parts)`` ranks would write it (rank r saves ``parts[r]``).
+
+    Each part is saved alone, then the data files and the chunk lists of the sharded entries
+    are merged; replicated entries keep rank 0's chunks (each tensor written once).
+    """
+    ck = root / "ck"
+    ck.mkdir()
+    merged: dict[str, object] = {}
+    by: dict[tuple[str, ...], dict[str, object]] = {}
+    for r, part in enumerate(parts):
+        cp.save_state_dict({"model": part, "step": r}, cp.FileSystemWriter(root / f"r{r}", piece_bytes=piece_bytes))
+        meta = json.loads((root / f"r{r}" / "metadata.json").read_text())
+        (ck / f"rank{r}.bin").write_bytes((root / f"r{r}" / "rank0.bin").read_bytes())
+        for e in meta["entries"]:
+            for c in e.get("chunks", []):
+                c["file"] = f"rank{r}.bin"
+            if not r:
+                by[tuple(e["path"])] = e
+            elif isinstance(part.get(e["path"][-1]), cp.LocalShard):
+                by[tuple(e["path"])]["chunks"] += e["chunks"]  # type: ignore[operator]
+        if not r:
+            merged = meta
+    (ck / "metadata.json").write_text(json.dumps(merged))
+    return ck
+
+
 def test_export_consolidates_ranks_into_bounded_files_that_safetensors_loads(tmp_path: Path) -> None:
     sd = _sample()
     # as if written by 3 ranks: row blocks of the matrix, the rest replicated
-    for r, (lo, hi) in enumerate([(0, 100), (100, 170), (170, 300)]):
-        part = {k: v for k, v in sd.items() if k != "emb.weight"}
-        part["emb.weight"] = cp.LocalShard(sd["emb.weight"][lo:hi].clone(), (300, 70), (lo, 0))  # type: ignore[assignment]
-        cp.save_state_dict({"model": part, "step": r}, cp.FileSystemWriter(tmp_path / f"r{r}"))
-    # merge the three single-rank checkpoints into one 3-rank checkpoint folder
-    ck = tmp_path / "ck"
-    ck.mkdir()
-    merged = json.loads((tmp_path / "r0" / "metadata.json").read_text())
-    by = {tuple(e["path"]): e for e in merged["entries"]}
-    for r in range(3):
-        meta = json.loads((tmp_path / f"r{r}" / "metadata.json").read_text())
-        (ck / f"rank{r}.bin").write_bytes((tmp_path / f"r{r}" / "rank0.bin").read_bytes())
-        e = next(e for e in meta["entries"] if e["path"] == ["model", "emb.weight"])
-        for c in e["chunks"]:
-            c["file"] = f"rank{r}.bin"
-        if r:
-            by[("model", "emb.weight")]["chunks"] += e["chunks"]
-    (ck / "metadata.json").write_text(json.dumps(merged))
+    parts: list[dict[str, object]] = []
+    for lo, hi in [(0, 100), (100, 170), (170, 300)]:
+        part: dict[str, object] = {k: v for k, v in sd.items() if k != "emb.weight"}
+        part["emb.weight"] = cp.LocalShard(sd["emb.weight"][lo:hi].clone(), (300, 70), (lo, 0))
+        parts.append(part)
+    ck = _multi_rank_checkpoint(tmp_path, parts)
     out = tmp_path / "hf"
     index = cp.export_safetensors(ck, out, max_shard_size="40KB", prefix="model.")
     files = sorted(set(index["weight_map"].values()))
@@ -73,6 +88,51 @@ def test_export_consolidates_ranks_into_bounded_files_that_safetensors_loads(tmp
     assert got.keys() == sd.keys()
     for k, v in sd.items():
         assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+
+
+def test_export_of_column_and_block_shards_split_into_many_pieces(tmp_path: Path) -> None:
+    g = torch.Generator().manual_seed(1)
+    mat = torch.randn(700, 300, generator=g)  # column blocks: one output run per row
+    cube = torch.randn(6, 50, 40, generator=g).to(torch.bfloat16)  # 2 x 2 blocks over dims 1 and 2
+    vec = torch.randn(5000, generator=g, dtype=torch.float64)
+    # 4 ranks: column blocks of `mat` on ranks 0-2; `cube` in 2 x 2 blocks over dims 1 and 2 on
+    # ranks 0-3; `vec` replicated (rank 0's copy is the one written)
+    cols = [(0, 100), (100, 211), (211, 300)]
+    blocks = [(0, 30, 0, 17), (0, 30, 17, 40), (30, 50, 0, 17), (30, 50, 17, 40)]
+    parts: list[dict[str, object]] = []
+    for r, (a0, a1, k0, k1) in enumerate(blocks):
+        part: dict[str, object] = {"cube": cp.LocalShard(cube[:, a0:a1, k0:k1].clone(), (6, 50, 40), (0, a0, k0))}
+        if r < len(cols):
+            c0, c1 = cols[r]
+            part["mat"] = cp.LocalShard(mat[:, c0:c1].clone(), (700, 300), (0, c0))
+        if r == 0:
+            part["vec"] = vec
+        parts.append(part)
+    # 8 KiB pieces: each chunk spans many pieces, and pieces end in the middle of output rows
+    ck = _multi_rank_checkpoint(tmp_path, parts, piece_bytes=8192)
+    meta = json.loads((ck / "metadata.json").read_text())
+    mat_entry = next(e for e in meta["entries"] if e["path"] == ["model", "mat"])
+    assert len(mat_entry["chunks"]) == 3 and all(len(c["pieces"]) > 10 for c in mat_entry["chunks"])
+    out = tmp_path / "hf"
+    index = cp.export_safetensors(ck, out, max_shard_size="300KB", prefix="model.", sync=False)
+    got: dict[str, torch.Tensor] = {}
+    for f in sorted(set(index["weight_map"].values())):
+        got.update(safetensors_torch.load_file(str(out / f)))
+    assert torch.equal(got["mat"], mat) and torch.equal(got["cube"], cube) and torch.equal(got["vec"], vec)
+
+    # a flipped bit: the tensor is named, no output file gets a final name, no temporary is left
+    data = bytearray((ck / "rank1.bin").read_bytes())
+    piece = mat_entry["chunks"][1]["pieces"][3]
+    data[piece[0] + 100] ^= 0x10
+    (ck / "rank1.bin").write_bytes(bytes(data))
+    with pytest.raises(cp.CheckpointCorruptionError, match="checksum mismatch in tensor 'mat'"):
+        cp.export_safetensors(ck, tmp_path / "hf2", prefix="model.")
+    assert os.listdir(tmp_path / "hf2") == []
+    # a chunk missing: refused, not exported with a hole
+    del mat_entry["chunks"][2]
+    (ck / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(cp.CheckpointCorruptionError, match=r"'mat': its saved chunks hold 147700 of its 210000"):
+        cp.export_safetensors(ck, tmp_path / "hf3", prefix="model.")
 
 
 def test_load_safetensors_into_any_box_reads_only_its_bytes(tmp_path: Path) -> None:
@@ -133,46 +193,31 @@ def test_export_bad_input(tmp_path: Path) -> None:
 def test_llama_deferred_trained_on_two_ranks_exported_then_from_pretrained_gives_same_logits(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     import hf_workers
+    from transformers import LlamaForCausalLM
 
+    # the reverse direction's input: a save_pretrained folder, loaded by the same 2-rank job
+    torch.manual_seed(5)
+    pre = str(tmp_path / "pre")
+    LlamaForCausalLM(hf_workers.config()).save_pretrained(pre, max_shard_size="30KB")
+    assert len(set(json.loads(Path(pre, "model.safetensors.index.json").read_text())["weight_map"].values())) > 1
     ck, dst = str(tmp_path / "ck"), str(tmp_path / "hf")
-    run_spawn(hf_workers.train_save_body, 2, args=(ck,), timeout=300)
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "distx_fake.checkpoint",
-            "export",
-            ck,
-            dst,
-            "--max-shard-size",
-            "20KB",
-            "--prefix",
-            "model.",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr
-    assert len(json.loads(Path(dst, "model.safetensors.index.json").read_text())["weight_map"]) > 10
-    hf_workers.config().save_pretrained(dst)
+    # 2 ranks: a deferred-init Llama trained with DDP, saved row-sharded; then the save_pretrained
+    # folder loaded into DTensor rows, LocalShard column blocks and plain tensors (checked there)
+    run_spawn(hf_workers.train_save_then_load_pretrained_body, 2, args=(ck, pre), timeout=300)
+    # a fresh process: the export CLI, then from_pretrained gives the trained model's logits
     out = str(tmp_path / "logits")
     r = subprocess.run(
-        [sys.executable, str(HERE / "workers" / "hf_workers.py"), dst, out],
+        [sys.executable, str(HERE / "workers" / "hf_workers.py"), ck, dst, out],
         capture_output=True,
         text=True,
         timeout=300,
         env=OFFLINE,
     )
     assert r.returncode == 0, r.stderr
+    assert "wrote" in r.stdout
+    assert len(json.loads(Path(dst, "model.safetensors.index.json").read_text())["weight_map"]) > 10
+    assert len(set(json.loads(Path(dst, "model.safetensors.index.json").read_text())["weight_map"].values())) > 1
     want, got = {"logits": torch.zeros(2, 8, 128)}, {"logits": torch.zeros(2, 8, 128)}
     cp.load_state_dict(want, cp.FileSystemReader(ck + "-logits"))
     cp.load_state_dict(got, cp.FileSystemReader(out))
     assert torch.equal(want["logits"], got["logits"])
-
-    # and the reverse: a save_pretrained folder into 2 ranks of another sharding
-    from transformers import LlamaForCausalLM
-
-    torch.manual_seed(5)
-    LlamaForCausalLM(hf_workers.config()).save_pretrained(str(tmp_path / "pre"), max_shard_size="30KB")
-    run_spawn(hf_workers.load_pretrained_body, 2, args=(str(tmp_path / "pre"),), timeout=300)

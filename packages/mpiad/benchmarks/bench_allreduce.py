@@ -44,7 +44,8 @@ import torch
 import torch.distributed as dist
 
 import mpiad
-from mpiad import _mpiad, _raw
+from distkit_common.dtypes import CODES
+from mpiad import _algo, _mpiad
 
 W = MPI.COMM_WORLD
 rank, size = W.rank, W.size
@@ -132,10 +133,13 @@ def main() -> None:
             }
             if nbytes >= 32768:
                 # the two large-message algorithms of the native call, same buffers as `out=`
-                h, code, ps, pr = comm._handle, 2, x.data_ptr(), res.data_ptr()
-                fns["MPI_Allreduce"] = lambda: _mpiad.allreduce(h, ps, pr, numel, code, S, 0)
-                fns["Reduce+Bcast"] = lambda: _mpiad.allreduce(h, ps, pr, numel, code, S, 1)
+                # (the algorithm is a process-wide setting: set it per call, restored below)
+                h, code, ps, pr, nb = comm.handle, CODES["float32"], x.data_ptr(), res.data_ptr(), x.nbytes
+                cfg, fast = _mpiad.configure_allreduce, _mpiad.allreduce_fast
+                fns["MPI_Allreduce"] = lambda: (cfg(_mpiad.ALGO_MPI, 0), fast(h, ps, pr, nb, code, S))
+                fns["Reduce+Bcast"] = lambda: (cfg(_mpiad.ALGO_REDUCE_BCAST, 0), fast(h, ps, pr, nb, code, S))
             t = bench(fns, nbytes)
+            _algo.configure()
             for k in results:
                 results[k].append(med(t[k]))
             label = (
@@ -198,7 +202,7 @@ def main() -> None:
                 rb, blo, bhi = ratio(t, "Reduce+Bcast", "MPI_Allreduce")
                 emit(
                     f"Allreduce {label}: native Reduce+Bcast / MPI_Allreduce (mpiad uses Reduce+Bcast from "
-                    f"MPIAD_LARGE_BYTES = {_raw.LARGE_BYTES >> 10} KiB on one node)",
+                    f"MPIAD_LARGE_BYTES = {_algo.large_bytes() >> 10} KiB on one node)",
                     rb,
                     "informational",
                     True,

@@ -1,20 +1,26 @@
-// _mpiad: native core of mpiad.
+// _mpiad: native core of mpiad (the bindings; the MPI calls are in collectives.hpp,
+// the non-blocking engine in engine.hpp, large counts in bigcount.hpp).
 //
 // Every entry point takes the communicator as mpi4py's integer `Comm.handle`,
-// buffers as raw addresses (`tensor.data_ptr()`), element counts and a distkit
-// dtype code; it releases the GIL for the MPI call. Non-blocking requests keep
-// a Python reference to their buffers until they complete.
+// buffers as raw addresses (`tensor.data_ptr()`), element counts (int64) and a
+// distkit dtype code; it validates before any communication and releases the GIL
+// for the MPI call. Non-blocking requests keep a Python reference to their
+// buffers until they complete.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <climits>
 #include <cstdint>
+#include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "collectives.hpp"
 #include "distkit/mpi.hpp"
 #include "distkit/parallel.hpp"
 #include "distkit/pybind.hpp"
+#include "engine.hpp"
 #include "ops.hpp"
 
 #if defined(OPEN_MPI) && OPEN_MPI
@@ -22,9 +28,10 @@
 #endif
 
 namespace py = pybind11;
-using distkit::DType;
 using distkit::check;
+using distkit::DType;
 namespace dmpi = distkit::mpi;
+using I64s = std::vector<int64_t>;
 
 namespace {
 
@@ -35,88 +42,116 @@ MPI_Comm C(uintptr_t h) {
   return c;
 }
 
-int as_int(int64_t v, const char* what) {
-  check<distkit::ValueError>(v >= 0 && v <= INT_MAX, what, " = ", v, " does not fit an MPI count (0..", INT_MAX, ")");
-  return static_cast<int>(v);
-}
-
-std::vector<int> as_ints(const std::vector<int64_t>& v, const char* what) {
-  std::vector<int> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = as_int(v[i], what);
-  return out;
-}
-
 void* P(uintptr_t p) { return distkit::ptr<void>(p); }
 
 DType D(int64_t code) { return distkit::dtype_from_code(code); }
 
-int comm_size(MPI_Comm c) {
-  int n = 0;
-  dmpi::check(MPI_Comm_size(c, &n), "MPI_Comm_size");
-  return n;
+void check_count(int64_t n, const char* what) { check<distkit::ValueError>(n >= 0, what, " must be >= 0, got ", n); }
+
+void check_rank(int r, MPI_Comm c, const char* what) {
+  const int size = mpiad::comm_size(c);
+  check<distkit::ValueError>(r >= 0 && r < size, what, " = ", r, " is out of range for a communicator of size ", size);
 }
 
-void check_len(const std::vector<int64_t>& v, int n, const char* what) {
-  check<distkit::ValueError>(static_cast<int>(v.size()) == n, what, " has ", v.size(), " entries, expected ", n);
-}
-
-/// One int entry per rank of c (counts or displacements of a v-collective).
-std::vector<int> per_rank(const std::vector<int64_t>& v, MPI_Comm c, const char* what) {
-  check_len(v, comm_size(c), what);
-  return as_ints(v, what);
-}
-
-/// A pending non-blocking operation; holds its buffers until it completes.
+/// A pending non-blocking operation: MPI requests (point to point) or a queued
+/// collective of the engine. Holds `keep` (the buffers' owners) until it completes.
 struct Request {
-  MPI_Request req = MPI_REQUEST_NULL;
+  std::vector<MPI_Request> reqs;
+  std::shared_ptr<mpiad::Pending> pending;
   py::object keep;
   bool done = false;
 
   void wait() {
     if (done) return;
+    std::exception_ptr err;
     {
       distkit::nogil g;
-      dmpi::check(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
+      try {
+        if (pending) {
+          pending->wait();
+        } else {
+          dmpi::check(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), "MPI_Wait");
+        }
+      } catch (...) {
+        err = std::current_exception();
+      }
     }
-    done = true;
+    done = true;  // finished, with or without an error: the buffers are free again
     keep = py::none();
+    if (err) std::rethrow_exception(err);
   }
   bool test() {
     if (done) return true;
-    int flag = 0;
-    dmpi::check(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+    bool flag = false;
+    try {
+      if (pending) {
+        flag = pending->test();
+      } else {
+        int f = 0;
+        dmpi::check(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &f, MPI_STATUSES_IGNORE), "MPI_Test");
+        flag = f != 0;
+      }
+    } catch (...) {
+      done = true;
+      keep = py::none();
+      throw;
+    }
     if (flag) {
       done = true;
       keep = py::none();
     }
-    return flag != 0;
+    return flag;
   }
   ~Request() {
-    if (!done && req != MPI_REQUEST_NULL && dmpi::initialized()) {
-      // Never waited for: let MPI finish it in the background and leak the
-      // buffers on purpose (freeing them could corrupt memory).
-      MPI_Request_free(&req);
-      if (keep) keep.inc_ref();
+    if (done || !dmpi::initialized()) return;
+    // Never waited for: let it finish in the background and leak the buffers on
+    // purpose (freeing them while MPI or the worker may still use them could
+    // corrupt memory).
+    for (auto& r : reqs) {
+      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
     }
+    if (keep && !(pending && pending->finished())) keep.inc_ref();
   }
 };
 
+std::unique_ptr<Request> queued(MPI_Comm w, std::function<void()> fn, py::object keep) {
+  static const bool multiple = [] {
+    int level = 0;
+    MPI_Query_thread(&level);
+    return level == MPI_THREAD_MULTIPLE;
+  }();
+  // the worker thread calls MPI while the caller's thread may too
+  check<distkit::Error>(multiple,
+                        "non-blocking collectives need MPI initialised with MPI_THREAD_MULTIPLE (mpi4py's default; "
+                        "do not lower mpi4py.rc.thread_level)");
+  auto r = std::make_unique<Request>();
+  r->keep = std::move(keep);
+  r->pending = mpiad::Engine::get().submit(w, std::move(fn));
+  return r;
+}
+
 /// Set the Python exception matching a C++ one (as distkit::register_exceptions does).
-PyObject* raise_from(const std::exception& e) {
-  if (dynamic_cast<const distkit::TypeError*>(&e)) {
+PyObject* raise_from(std::exception_ptr p) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const distkit::TypeError& e) {
     PyErr_SetString(PyExc_TypeError, e.what());
-  } else if (dynamic_cast<const distkit::ValueError*>(&e) || dynamic_cast<const distkit::IndexError*>(&e)) {
-    PyErr_SetString(dynamic_cast<const distkit::ValueError*>(&e) ? PyExc_ValueError : PyExc_IndexError, e.what());
-  } else {
+  } catch (const distkit::IndexError& e) {
+    PyErr_SetString(PyExc_IndexError, e.what());
+  } catch (const distkit::ValueError& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
   }
   return nullptr;
 }
 
-/// allreduce_fast(comm, send, recv, nbytes, dtype, op): MPI_Allreduce of `nbytes`
-/// bytes, as a METH_FASTCALL function: the latency path skips pybind11's argument
-/// conversion (~150 ns of an 8-byte call here). Same checks and errors as
-/// `allreduce` (raised before any communication); MINLOC/MAXLOC reduce pairs.
+/// allreduce_fast(comm, send, recv, nbytes, dtype, op): THE Allreduce entry point of
+/// mpiad (every Python path calls it): `nbytes` per rank (MINLOC/MAXLOC reduce
+/// pairs, MPI_AVG divides the sum by the size), algorithm choice and counts above
+/// INT_MAX in collectives.hpp. A METH_FASTCALL function: the latency path skips
+/// pybind11's argument conversion (~150 ns of an 8-byte call). Errors are raised
+/// before any communication.
 PyObject* allreduce_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 6) {
     PyErr_SetString(PyExc_TypeError, "allreduce_fast(comm, send, recv, nbytes, dtype, op) takes 6 integers");
@@ -129,42 +164,51 @@ PyObject* allreduce_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const long long code = PyLong_AsLongLong(args[4]);
   const long long op = PyLong_AsLongLong(args[5]);
   if (PyErr_Occurred()) return nullptr;
-  MPI_Datatype t = MPI_DATATYPE_NULL;
-  MPI_Op o = MPI_OP_NULL;
   MPI_Comm c = MPI_COMM_NULL;
-  int n = 0;
+  DType d = DType::Float32;
+  mpiad::Reduction r;
   try {
     c = C(h);
-    const DType d = D(code);
-    const long long item = static_cast<long long>(distkit::itemsize(d)) * (op == mpiad::kMinloc || op == mpiad::kMaxloc ? 2 : 1);
-    check<distkit::ValueError>(nbytes >= 0 && nbytes % item == 0, "nbytes = ", nbytes, " is not a multiple of ", item);
-    mpiad::resolve(op, d, &t, &o);
-    n = as_int(nbytes / item, "count");
-  } catch (const std::exception& e) {
-    return raise_from(e);
+    d = D(code);
+    r = mpiad::reduction(op, d, nbytes);  // validates (op, dtype, nbytes) before any communication
+  } catch (...) {
+    return raise_from(std::current_exception());
   }
-  int rc;
+  std::exception_ptr err;
   Py_BEGIN_ALLOW_THREADS
-  rc = MPI_Allreduce(send == recv ? MPI_IN_PLACE : P(send), P(recv), n, t, o, c);
-  Py_END_ALLOW_THREADS
   try {
-    dmpi::check(rc, "MPI_Allreduce");
-  } catch (const std::exception& e) {
-    return raise_from(e);
+    mpiad::allreduce(c, P(send), P(recv), nbytes, d, op, r);
+  } catch (...) {
+    err = std::current_exception();
   }
+  Py_END_ALLOW_THREADS
+  if (err) return raise_from(err);
   Py_RETURN_NONE;
 }
 
 PyMethodDef g_allreduce_fast_def = {
     "allreduce_fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&allreduce_fast)),
     METH_FASTCALL,
-    "allreduce_fast(comm, send, recv, nbytes, dtype, op): MPI_Allreduce of nbytes bytes (the latency path)."};
+    "allreduce_fast(comm, send, recv, nbytes, dtype, op): the Allreduce of nbytes bytes per rank."};
 
 }  // namespace
 
 PYBIND11_MODULE(_mpiad, m) {
   m.doc() = "native core of mpiad";
   distkit::init_module(m);
+
+  // --- constants crossing into Python (defined once, here)
+  py::dict op_names;
+  for (int64_t op : mpiad::kOps) {
+    m.attr(mpiad::op_name(op)) = op;
+    op_names[py::int_(op)] = mpiad::op_name(op);
+  }
+  m.attr("OP_NAMES") = op_names;
+  m.attr("ALGO_AUTO") = int(mpiad::kAlgoAuto);
+  m.attr("ALGO_MPI") = int(mpiad::kAlgoMpi);
+  m.attr("ALGO_REDUCE_BCAST") = int(mpiad::kAlgoReduceBcast);
+  m.attr("MPI_VERSION") = MPI_VERSION;
+
   m.def("mpi_library_version", &distkit::mpi::library_version);
   m.def("cuda_aware", [] {
 #if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
@@ -180,223 +224,259 @@ PYBIND11_MODULE(_mpiad, m) {
   });
   m.def("check_op", [](int64_t op, int64_t dtype) { mpiad::check_op_dtype(op, D(dtype)); },
         "Raise TypeError/ValueError when reduction `op` is not defined for `dtype`.");
+  m.def("valid_op_dtypes", [] {
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (int64_t op : mpiad::kOps) {
+      for (int32_t code = 0; code < distkit::kNumDTypes; ++code) {
+        try {
+          mpiad::check_op_dtype(op, static_cast<DType>(code));
+          out.emplace_back(op, code);
+        } catch (const distkit::Error&) {
+        }
+      }
+    }
+    return out;
+  }, "Every (op, dtype code) pair a reduction accepts.");
 
-  m.def("comm_rank", [](uintptr_t h) {
-    int r = 0;
-    dmpi::check(MPI_Comm_rank(C(h), &r), "MPI_Comm_rank");
-    return r;
-  });
-  m.def("comm_size", [](uintptr_t h) { return comm_size(C(h)); });
+  m.def("configure_allreduce", [](int mode, int64_t large_bytes) {
+    check<distkit::ValueError>(mode >= mpiad::kAlgoAuto && mode <= mpiad::kAlgoReduceBcast, "unknown algorithm ", mode);
+    check<distkit::ValueError>(large_bytes >= 0, "large_bytes must be >= 0, got ", large_bytes);
+    mpiad::allreduce_config().mode = mode;
+    mpiad::allreduce_config().large_bytes = large_bytes;
+  }, py::arg("mode"), py::arg("large_bytes"),
+     "Allreduce algorithm for messages of at least `large_bytes`: ALGO_AUTO (Reduce+Bcast when every rank "
+     "shares one node), ALGO_MPI (MPI_Allreduce), ALGO_REDUCE_BCAST. Every rank must use the same setting.");
+  m.def("allreduce_settings", [] {
+    return py::make_tuple(mpiad::allreduce_config().mode.load(), mpiad::allreduce_config().large_bytes.load());
+  }, "(mode, large_bytes) of configure_allreduce.");
+
+  m.def("set_count_limit", [](int64_t limit) {
+    check<distkit::ValueError>(limit >= 1 && limit <= INT_MAX, "limit must be in 1..", INT_MAX, ", got ", limit);
+    mpiad::count_limit() = limit;
+  }, "For tests: the largest count passed to MPI as an int (default INT_MAX); above it the large-count paths "
+     "(derived datatypes, chunked reductions, MPI_Alltoallw) run. Every rank must use the same value.");
+  m.def("count_limit", [] { return mpiad::count_limit().load(); });
+  m.def("comm_rank", [](uintptr_t h) { return mpiad::comm_rank(C(h)); });
+  m.def("comm_size", [](uintptr_t h) { return mpiad::comm_size(C(h)); });
   m.def("barrier", [](uintptr_t h) {
     MPI_Comm c = C(h);
     distkit::nogil g;
     dmpi::check(MPI_Barrier(c), "MPI_Barrier");
   });
-
-  m.def("allreduce", [](uintptr_t h, uintptr_t send, uintptr_t recv, int64_t count, int64_t dtype, int64_t op,
-                        int algo) {
+  m.def("comm_is_shared", [](uintptr_t h) {
     MPI_Comm c = C(h);
-    MPI_Datatype t;
-    MPI_Op o;
-    mpiad::resolve(op, D(dtype), &t, &o);
-    if (op == mpiad::kMinloc || op == mpiad::kMaxloc) count /= 2;
-    int n = as_int(count, "count");
-    if (algo == 1) {
-      // reduce to rank 0, then broadcast: on one shared-memory node with
-      // single-copy transfers this beats Open MPI's default for large messages
-      int rank = 0;
-      dmpi::check(MPI_Comm_rank(c, &rank), "MPI_Comm_rank");
-      distkit::nogil g;
-      if (rank == 0) {
-        dmpi::check(MPI_Reduce(send == recv ? MPI_IN_PLACE : P(send), P(recv), n, t, o, 0, c), "MPI_Reduce");
-      } else {
-        dmpi::check(MPI_Reduce(P(send), nullptr, n, t, o, 0, c), "MPI_Reduce");
-      }
-      dmpi::check(MPI_Bcast(P(recv), n, t, 0, c), "MPI_Bcast");
-      return;
-    }
     distkit::nogil g;
-    dmpi::check(MPI_Allreduce(send == recv ? MPI_IN_PLACE : P(send), P(recv), n, t, o, c), "MPI_Allreduce");
-  }, py::arg("comm"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-     py::arg("algo") = 0, "algo 0: MPI_Allreduce; 1: MPI_Reduce to rank 0 + MPI_Bcast.");
+    return mpiad::comm_is_shared(c);
+  }, "Collective: whether every rank of the communicator shares one node's memory.");
 
   m.attr("allreduce_fast") =
       py::reinterpret_steal<py::object>(PyCFunction_NewEx(&g_allreduce_fast_def, nullptr, m.attr("__name__").ptr()));
 
-  m.def("comm_is_shared", [](uintptr_t h) {
-    MPI_Comm c = C(h);
-    MPI_Comm node;
-    int same = 0;
-    {
-      distkit::nogil g;
-      dmpi::check(MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
-      int n = 0;
-      MPI_Comm_size(node, &n);
-      int mine = n == comm_size(c) ? 1 : 0;
-      dmpi::check(MPI_Allreduce(&mine, &same, 1, MPI_INT, MPI_LAND, c), "MPI_Allreduce");
-      MPI_Comm_free(&node);
-    }
-    return same != 0;
-  }, "Collective: whether every rank of the communicator shares one node's memory.");
-
+  // --- blocking calls
   m.def("reduce", [](uintptr_t h, uintptr_t send, uintptr_t recv, int64_t count, int64_t dtype, int64_t op,
                      int root) {
     MPI_Comm c = C(h);
-    MPI_Datatype t;
-    MPI_Op o;
-    mpiad::resolve(op, D(dtype), &t, &o);
-    if (op == mpiad::kMinloc || op == mpiad::kMaxloc) count /= 2;
-    int n = as_int(count, "count");
-    int rank = 0;
-    dmpi::check(MPI_Comm_rank(c, &rank), "MPI_Comm_rank");
-    const void* sb = (send == recv && rank == root) ? MPI_IN_PLACE : P(send);
+    const DType d = D(dtype);
+    check_rank(root, c, "root");
+    mpiad::reduction(op, d, count * distkit::itemsize(d));
     distkit::nogil g;
-    dmpi::check(MPI_Reduce(sb, P(recv), n, t, o, root, c), "MPI_Reduce");
+    mpiad::reduce(c, P(send), P(recv), count, d, op, root);
   });
-
-  m.def("reduce_scatter", [](uintptr_t h, uintptr_t send, uintptr_t recv, std::vector<int64_t> counts,
-                             int64_t dtype, int64_t op) {
+  m.def("reduce_scatter", [](uintptr_t h, uintptr_t send, uintptr_t recv, I64s counts, int64_t dtype, int64_t op) {
     MPI_Comm c = C(h);
-    check_len(counts, comm_size(c), "counts");
-    MPI_Datatype t;
-    MPI_Op o;
-    mpiad::resolve(op, D(dtype), &t, &o);
-    check<distkit::TypeError>(op != mpiad::kMinloc && op != mpiad::kMaxloc, "Reduce_scatter does not support ",
-                              mpiad::op_name(op));
-    auto n = as_ints(counts, "counts");
+    const DType d = D(dtype);
+    mpiad::check_op_dtype(op, d);
     distkit::nogil g;
-    dmpi::check(MPI_Reduce_scatter(P(send), P(recv), n.data(), t, o, c), "MPI_Reduce_scatter");
+    mpiad::reduce_scatter(c, P(send), P(recv), counts, d, op);
   });
-
   m.def("bcast", [](uintptr_t h, uintptr_t buf, int64_t count, int64_t dtype, int root) {
     MPI_Comm c = C(h);
-    MPI_Datatype t = dmpi::datatype(D(dtype));
-    int n = as_int(count, "count");
+    const DType d = D(dtype);
+    check_count(count, "count");
+    check_rank(root, c, "root");
     distkit::nogil g;
-    dmpi::check(MPI_Bcast(P(buf), n, t, root, c), "MPI_Bcast");
+    mpiad::bcast(c, P(buf), count, d, root);
   });
-
-  m.def("allgather_i64", [](uintptr_t h, std::vector<int64_t> values) {
+  m.def("allgather_i64", [](uintptr_t h, I64s values) {
     MPI_Comm c = C(h);
-    const int size = comm_size(c);
+    const int size = mpiad::comm_size(c);
     const int n = static_cast<int>(values.size());
-    std::vector<int64_t> out(static_cast<size_t>(n) * size);
+    I64s out(static_cast<size_t>(n) * size);
     {
       distkit::nogil g;
       dmpi::check(MPI_Allgather(values.data(), n, MPI_INT64_T, out.data(), n, MPI_INT64_T, c), "MPI_Allgather");
     }
     return out;
   }, "Every rank's `values` (same length everywhere), concatenated in rank order.");
-
-  m.def("allgather", [](uintptr_t h, uintptr_t send, int64_t count, uintptr_t recv, int64_t dtype) {
+  m.def("gatherv", [](uintptr_t h, uintptr_t send, int64_t count, uintptr_t recv, I64s counts, I64s displs,
+                      int64_t dtype, int root) {
     MPI_Comm c = C(h);
-    MPI_Datatype t = dmpi::datatype(D(dtype));
-    int n = as_int(count, "count");
+    const DType d = D(dtype);
+    check_count(count, "count");
+    check_rank(root, c, "root");
     distkit::nogil g;
-    dmpi::check(MPI_Allgather(P(send), n, t, P(recv), n, t, c), "MPI_Allgather");
-  });
-
-  m.def("gatherv", [](uintptr_t h, uintptr_t send, int64_t count, uintptr_t recv, std::vector<int64_t> counts,
-                      std::vector<int64_t> displs, int64_t dtype, int root) {
+    mpiad::gatherv(c, P(send), count, P(recv), counts, displs, d, root);
+  }, "counts/displs (elements) of every rank, on every rank.");
+  m.def("allgatherv", [](uintptr_t h, uintptr_t send, int64_t count, uintptr_t recv, I64s counts, I64s displs,
+                         int64_t dtype) {
     MPI_Comm c = C(h);
-    MPI_Datatype t = dmpi::datatype(D(dtype));
-    int rank = 0;
-    dmpi::check(MPI_Comm_rank(c, &rank), "MPI_Comm_rank");
-    std::vector<int> rc, rd;
-    if (rank == root) {
-      rc = per_rank(counts, c, "counts");
-      rd = per_rank(displs, c, "displs");
-    }
-    int n = as_int(count, "count");
+    const DType d = D(dtype);
+    check_count(count, "count");
     distkit::nogil g;
-    dmpi::check(MPI_Gatherv(P(send), n, t, P(recv), rc.data(), rd.data(), t, root, c), "MPI_Gatherv");
+    mpiad::allgatherv(c, P(send), count, P(recv), counts, displs, d);
   });
-
-  m.def("allgatherv", [](uintptr_t h, uintptr_t send, int64_t count, uintptr_t recv, std::vector<int64_t> counts,
-                         std::vector<int64_t> displs, int64_t dtype) {
+  m.def("scatterv", [](uintptr_t h, uintptr_t send, I64s counts, I64s displs, uintptr_t recv, int64_t count,
+                       int64_t dtype, int root) {
     MPI_Comm c = C(h);
-    MPI_Datatype t = dmpi::datatype(D(dtype));
-    auto rc = per_rank(counts, c, "counts");
-    auto rd = per_rank(displs, c, "displs");
-    int n = as_int(count, "count");
+    const DType d = D(dtype);
+    check_count(count, "count");
+    check_rank(root, c, "root");
     distkit::nogil g;
-    dmpi::check(MPI_Allgatherv(P(send), n, t, P(recv), rc.data(), rd.data(), t, c), "MPI_Allgatherv");
-  });
-
-  m.def("scatterv", [](uintptr_t h, uintptr_t send, std::vector<int64_t> counts, std::vector<int64_t> displs,
-                       uintptr_t recv, int64_t count, int64_t dtype, int root) {
+    mpiad::scatterv(c, P(send), counts, displs, P(recv), count, d, root);
+  }, "counts/displs (elements) of every rank, on every rank.");
+  m.def("alltoallv", [](uintptr_t h, uintptr_t send, I64s scounts, I64s sdispls, uintptr_t recv, I64s rcounts,
+                        I64s rdispls, int64_t dtype) {
     MPI_Comm c = C(h);
-    MPI_Datatype t = dmpi::datatype(D(dtype));
-    int rank = 0;
-    dmpi::check(MPI_Comm_rank(c, &rank), "MPI_Comm_rank");
-    std::vector<int> sc, sd;
-    if (rank == root) {
-      sc = per_rank(counts, c, "counts");
-      sd = per_rank(displs, c, "displs");
-    }
-    int n = as_int(count, "count");
+    const DType d = D(dtype);
     distkit::nogil g;
-    dmpi::check(MPI_Scatterv(P(send), sc.data(), sd.data(), t, P(recv), n, t, root, c), "MPI_Scatterv");
+    mpiad::alltoallv(c, P(send), scounts, sdispls, P(recv), rcounts, rdispls, d);
   });
-
-  m.def("alltoallv", [](uintptr_t h, uintptr_t send, std::vector<int64_t> scounts, std::vector<int64_t> sdispls,
-                        uintptr_t recv, std::vector<int64_t> rcounts, std::vector<int64_t> rdispls, int64_t dtype) {
-    MPI_Comm c = C(h);
-    const int size = comm_size(c);
-    for (auto* v : {&scounts, &sdispls, &rcounts, &rdispls}) check_len(*v, size, "alltoallv counts/displs");
-    MPI_Datatype t = dmpi::datatype(D(dtype));
-    auto sc = as_ints(scounts, "send counts"), sd = as_ints(sdispls, "send displs");
-    auto rc = as_ints(rcounts, "recv counts"), rd = as_ints(rdispls, "recv displs");
-    distkit::nogil g;
-    dmpi::check(MPI_Alltoallv(P(send), sc.data(), sd.data(), t, P(recv), rc.data(), rd.data(), t, c),
-                "MPI_Alltoallv");
-  });
-
   m.def("send", [](uintptr_t h, uintptr_t buf, int64_t count, int64_t dtype, int dest, int tag) {
     MPI_Comm c = C(h);
-    MPI_Datatype t = dmpi::datatype(D(dtype));
-    int n = as_int(count, "count");
+    const DType d = D(dtype);
+    check_count(count, "count");
     distkit::nogil g;
-    dmpi::check(MPI_Send(P(buf), n, t, dest, tag, c), "MPI_Send");
+    mpiad::send(c, P(buf), count, d, dest, tag);
   });
   m.def("recv", [](uintptr_t h, uintptr_t buf, int64_t count, int64_t dtype, int source, int tag) {
     MPI_Comm c = C(h);
-    MPI_Datatype t = dmpi::datatype(D(dtype));
-    int n = as_int(count, "count");
+    const DType d = D(dtype);
+    check_count(count, "count");
     distkit::nogil g;
-    dmpi::check(MPI_Recv(P(buf), n, t, source, tag, c, MPI_STATUS_IGNORE), "MPI_Recv");
+    mpiad::recv(c, P(buf), count, d, source, tag);
   });
   m.def("sendrecv", [](uintptr_t h, uintptr_t sbuf, int64_t scount, int dest, int stag, uintptr_t rbuf,
                        int64_t rcount, int source, int rtag, int64_t dtype) {
     MPI_Comm c = C(h);
-    MPI_Datatype t = dmpi::datatype(D(dtype));
-    int sn = as_int(scount, "send count"), rn = as_int(rcount, "recv count");
+    const DType d = D(dtype);
+    check_count(scount, "send count");
+    check_count(rcount, "recv count");
     distkit::nogil g;
-    dmpi::check(MPI_Sendrecv(P(sbuf), sn, t, dest, stag, P(rbuf), rn, t, source, rtag, c, MPI_STATUS_IGNORE),
-                "MPI_Sendrecv");
+    mpiad::sendrecv(c, P(sbuf), scount, dest, stag, P(rbuf), rcount, source, rtag, d);
   });
 
-  py::class_<Request>(m, "Request", "A pending MPI_Isend / MPI_Irecv; keeps its buffers alive until done.")
-      .def("wait", &Request::wait, "Block until the operation completes (GIL released).")
+  // --- non-blocking calls
+  py::class_<Request>(m, "Request", "A pending non-blocking operation; keeps its buffers alive until done.")
+      .def("wait", &Request::wait, "Block until the operation completes (GIL released); raises its error.")
       .def("test", &Request::test, "Whether the operation has completed.")
       .def_property_readonly("done", [](const Request& r) { return r.done; });
 
   m.def("isend", [](uintptr_t h, uintptr_t buf, int64_t count, int64_t dtype, int dest, int tag, py::object keep) {
     MPI_Comm c = C(h);
-    MPI_Datatype t = dmpi::datatype(D(dtype));
-    int n = as_int(count, "count");
+    const DType d = D(dtype);
+    check_count(count, "count");
     auto r = std::make_unique<Request>();
     r->keep = std::move(keep);
-    dmpi::check(MPI_Isend(P(buf), n, t, dest, tag, c, &r->req), "MPI_Isend");
+    r->reqs.resize(1, MPI_REQUEST_NULL);
+    mpiad::Span s(dmpi::datatype(d), count);
+    dmpi::check(MPI_Isend(P(buf), s.count(), s.type(), dest, tag, c, r->reqs.data()), "MPI_Isend");
     return r;
   }, "Start a send; `keep` (the buffer's owner) stays referenced until the request completes.");
   m.def("irecv", [](uintptr_t h, uintptr_t buf, int64_t count, int64_t dtype, int source, int tag, py::object keep) {
     MPI_Comm c = C(h);
-    MPI_Datatype t = dmpi::datatype(D(dtype));
-    int n = as_int(count, "count");
+    const DType d = D(dtype);
+    check_count(count, "count");
     auto r = std::make_unique<Request>();
     r->keep = std::move(keep);
-    dmpi::check(MPI_Irecv(P(buf), n, t, source, tag, c, &r->req), "MPI_Irecv");
+    r->reqs.resize(1, MPI_REQUEST_NULL);
+    mpiad::Span s(dmpi::datatype(d), count);
+    dmpi::check(MPI_Irecv(P(buf), s.count(), s.type(), source, tag, c, r->reqs.data()), "MPI_Irecv");
     return r;
   }, "Start a receive into `buf`; `keep` stays referenced until the request completes.");
+
+  // The collectives below validate here, on the caller's thread, then queue the
+  // blocking call for the engine's worker (engine.hpp) on its duplicate communicator.
+  m.def("iallreduce", [](uintptr_t h, uintptr_t send, uintptr_t recv, int64_t nbytes, int64_t dtype, int64_t op,
+                         py::object keep) {
+    const DType d = D(dtype);
+    mpiad::reduction(op, d, nbytes);
+    MPI_Comm w = mpiad::Engine::worker_comm(C(h));
+    return queued(w, [=] { mpiad::allreduce(w, P(send), P(recv), nbytes, d, op); }, std::move(keep));
+  });
+  m.def("ireduce", [](uintptr_t h, uintptr_t send, uintptr_t recv, int64_t count, int64_t dtype, int64_t op, int root,
+                      py::object keep) {
+    MPI_Comm c = C(h);
+    const DType d = D(dtype);
+    check_rank(root, c, "root");
+    mpiad::reduction(op, d, count * distkit::itemsize(d));
+    MPI_Comm w = mpiad::Engine::worker_comm(c);
+    return queued(w, [=] { mpiad::reduce(w, P(send), P(recv), count, d, op, root); }, std::move(keep));
+  });
+  m.def("ireduce_scatter", [](uintptr_t h, uintptr_t send, uintptr_t recv, I64s counts, int64_t dtype, int64_t op,
+                              py::object keep) {
+    MPI_Comm c = C(h);
+    const DType d = D(dtype);
+    mpiad::check_op_dtype(op, d);
+    check<distkit::TypeError>(!mpiad::is_loc(op), "Reduce_scatter does not support ", mpiad::op_name(op));
+    mpiad::check_per_rank(counts, mpiad::comm_size(c), "counts");
+    MPI_Comm w = mpiad::Engine::worker_comm(c);
+    return queued(w, [=] { mpiad::reduce_scatter(w, P(send), P(recv), counts, d, op); }, std::move(keep));
+  });
+  m.def("ibcast", [](uintptr_t h, uintptr_t buf, int64_t count, int64_t dtype, int root, py::object keep) {
+    MPI_Comm c = C(h);
+    const DType d = D(dtype);
+    check_count(count, "count");
+    check_rank(root, c, "root");
+    MPI_Comm w = mpiad::Engine::worker_comm(c);
+    return queued(w, [=] { mpiad::bcast(w, P(buf), count, d, root); }, std::move(keep));
+  });
+  m.def("igatherv", [](uintptr_t h, uintptr_t send, int64_t count, uintptr_t recv, I64s counts, I64s displs,
+                       int64_t dtype, int root, py::object keep) {
+    MPI_Comm c = C(h);
+    const DType d = D(dtype);
+    check_count(count, "count");
+    check_rank(root, c, "root");
+    mpiad::check_per_rank(counts, mpiad::comm_size(c), "counts");
+    mpiad::check_per_rank(displs, mpiad::comm_size(c), "displs");
+    MPI_Comm w = mpiad::Engine::worker_comm(c);
+    return queued(w, [=] { mpiad::gatherv(w, P(send), count, P(recv), counts, displs, d, root); }, std::move(keep));
+  });
+  m.def("iallgatherv", [](uintptr_t h, uintptr_t send, int64_t count, uintptr_t recv, I64s counts, I64s displs,
+                          int64_t dtype, py::object keep) {
+    MPI_Comm c = C(h);
+    const DType d = D(dtype);
+    check_count(count, "count");
+    mpiad::check_per_rank(counts, mpiad::comm_size(c), "counts");
+    mpiad::check_per_rank(displs, mpiad::comm_size(c), "displs");
+    MPI_Comm w = mpiad::Engine::worker_comm(c);
+    return queued(w, [=] { mpiad::allgatherv(w, P(send), count, P(recv), counts, displs, d); }, std::move(keep));
+  });
+  m.def("iscatterv", [](uintptr_t h, uintptr_t send, I64s counts, I64s displs, uintptr_t recv, int64_t count,
+                        int64_t dtype, int root, py::object keep) {
+    MPI_Comm c = C(h);
+    const DType d = D(dtype);
+    check_count(count, "count");
+    check_rank(root, c, "root");
+    mpiad::check_per_rank(counts, mpiad::comm_size(c), "counts");
+    mpiad::check_per_rank(displs, mpiad::comm_size(c), "displs");
+    MPI_Comm w = mpiad::Engine::worker_comm(c);
+    return queued(w, [=] { mpiad::scatterv(w, P(send), counts, displs, P(recv), count, d, root); }, std::move(keep));
+  });
+  m.def("ialltoallv", [](uintptr_t h, uintptr_t send, I64s scounts, I64s sdispls, uintptr_t recv, I64s rcounts,
+                         I64s rdispls, int64_t dtype, py::object keep) {
+    MPI_Comm c = C(h);
+    const DType d = D(dtype);
+    const int size = mpiad::comm_size(c);
+    mpiad::check_per_rank(scounts, size, "send counts");
+    mpiad::check_per_rank(sdispls, size, "send displs");
+    mpiad::check_per_rank(rcounts, size, "recv counts");
+    mpiad::check_per_rank(rdispls, size, "recv displs");
+    MPI_Comm w = mpiad::Engine::worker_comm(c);
+    return queued(w, [=] { mpiad::alltoallv(w, P(send), scounts, sdispls, P(recv), rcounts, rdispls, d); },
+                  std::move(keep));
+  });
+  m.def("shutdown", [] {
+    distkit::nogil g;
+    mpiad::Engine::get().shutdown();
+  }, "Finish the queued non-blocking collectives and stop the worker thread (at interpreter exit).");
 }

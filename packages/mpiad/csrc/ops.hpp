@@ -1,9 +1,11 @@
-// ops.hpp - reduction operators of mpiad: op codes, predefined MPI ops, and the
-// user-defined ops for 16-bit floats (float32 arithmetic) and (value, index) pairs.
+// ops.hpp - reduction operators of mpiad: op codes, predefined MPI ops, the
+// user-defined ops for 16-bit floats (float32 arithmetic) and (value, index) pairs,
+// and the division that turns a SUM into MPI_AVG.
 #pragma once
 
 #include <mpi.h>
 
+#include <complex>
 #include <cstdint>
 #include <mutex>
 
@@ -16,7 +18,8 @@ namespace mpiad {
 
 using distkit::DType;
 
-// Same numbering as mpi4torch's MPI_* constants.
+// Same numbering as mpi4torch's MPI_* constants (0..11); MPI_AVG is mpiad's addition.
+// Python reads these codes from the extension (never repeats the numbers).
 enum Op : int64_t {
   kMax = 0,
   kMin = 1,
@@ -30,13 +33,20 @@ enum Op : int64_t {
   kBxor = 9,
   kMinloc = 10,
   kMaxloc = 11,
+  // SUM divided by the communicator size (floating and complex dtypes); kept apart
+  // from mpi4torch's 0..11 so that no number mpi4torch rejected gains a meaning
+  kAvg = 20,
 };
-constexpr int64_t kNumOps = 12;
+/// Every op code, in order.
+constexpr int64_t kOps[] = {kMax, kMin, kSum, kProd, kLand, kBand, kLor, kBor, kLxor, kBxor, kMinloc, kMaxloc, kAvg};
+
+inline bool is_op(int64_t op) { return (op >= kMax && op <= kMaxloc) || op == kAvg; }
 
 inline const char* op_name(int64_t op) {
-  static const char* names[] = {"MPI_MAX",  "MPI_MIN", "MPI_SUM",  "MPI_PROD", "MPI_LAND",   "MPI_BAND",
-                                "MPI_LOR",  "MPI_BOR", "MPI_LXOR", "MPI_BXOR", "MPI_MINLOC", "MPI_MAXLOC"};
-  return (op >= 0 && op < kNumOps) ? names[op] : "?";
+  static const char* names[] = {"MPI_MAX", "MPI_MIN", "MPI_SUM",  "MPI_PROD", "MPI_LAND",   "MPI_BAND",
+                                "MPI_LOR", "MPI_BOR", "MPI_LXOR", "MPI_BXOR", "MPI_MINLOC", "MPI_MAXLOC"};
+  if (op == kAvg) return "MPI_AVG";
+  return (op >= kMax && op <= kMaxloc) ? names[op] : "?";
 }
 
 // ---- per-element combine logic (written once, float32 arithmetic for 16-bit floats)
@@ -146,7 +156,7 @@ inline void ensure_ops() {
 /// Whether op is allowed on dtype (message names both when not).
 inline void check_op_dtype(int64_t op, DType d) {
   using distkit::check;
-  check<distkit::ValueError>(op >= 0 && op < kNumOps, "unknown reduction op ", op);
+  check<distkit::ValueError>(is_op(op), "unknown reduction op ", op);
   const bool flt = distkit::is_floating(d), cpx = distkit::is_complex(d), bl = d == DType::Bool;
   bool ok = true;
   switch (op) {
@@ -162,6 +172,7 @@ inline void check_op_dtype(int64_t op, DType d) {
     case kBxor: ok = !flt && !cpx; break;
     case kMinloc:
     case kMaxloc: ok = !cpx && !bl; break;
+    case kAvg: ok = flt || cpx; break;
     default: ok = false;
   }
   check<distkit::TypeError>(ok, op_name(op), " is not supported for dtype ", distkit::dtype_name(d));
@@ -171,6 +182,7 @@ inline void check_op_dtype(int64_t op, DType d) {
 /// datatype is a pair of two elements (count must be halved by the caller).
 inline void resolve(int64_t op, DType d, MPI_Datatype* type, MPI_Op* mop) {
   check_op_dtype(op, d);
+  if (op == kAvg) op = kSum;  // the division by the size follows the reduction (divide_by)
   ensure_ops();
   auto& t = op_table();
   const int code = static_cast<int>(d);
@@ -198,6 +210,34 @@ inline void resolve(int64_t op, DType d, MPI_Datatype* type, MPI_Op* mop) {
   static const MPI_Op predefined[] = {MPI_MAX, MPI_MIN, MPI_SUM, MPI_PROD, MPI_LAND,
                                       MPI_BAND, MPI_LOR, MPI_BOR, MPI_LXOR, MPI_BXOR};
   *mop = predefined[op];
+}
+
+inline bool is_loc(int64_t op) { return op == kMinloc || op == kMaxloc; }
+
+template <class T>
+void divide_typed(void* p, int64_t n, int size) {
+  T* x = static_cast<T*>(p);
+  if constexpr (std::is_same_v<T, distkit::half_t> || std::is_same_v<T, distkit::bfloat16_t>) {
+    for (int64_t i = 0; i < n; ++i) x[i] = T(static_cast<float>(x[i]) / static_cast<float>(size));
+  } else if constexpr (std::is_same_v<T, std::complex<float>>) {
+    for (int64_t i = 0; i < n; ++i) x[i] /= static_cast<float>(size);
+  } else {
+    for (int64_t i = 0; i < n; ++i) x[i] /= static_cast<T>(size);
+  }
+}
+
+/// x[i] /= size for n elements of dtype d: the second half of MPI_AVG. Divides
+/// (rather than multiplying by 1/size) to round as torch's `sum / size` does.
+inline void divide_by(void* p, int64_t n, DType d, int size) {
+  switch (d) {
+    case DType::Float16: divide_typed<distkit::half_t>(p, n, size); break;
+    case DType::BFloat16: divide_typed<distkit::bfloat16_t>(p, n, size); break;
+    case DType::Float32: divide_typed<float>(p, n, size); break;
+    case DType::Float64: divide_typed<double>(p, n, size); break;
+    case DType::Complex64: divide_typed<std::complex<float>>(p, n, size); break;
+    case DType::Complex128: divide_typed<std::complex<double>>(p, n, size); break;
+    default: throw distkit::TypeError(distkit::str("MPI_AVG is not supported for dtype ", distkit::dtype_name(d)));
+  }
 }
 
 }  // namespace mpiad

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import mpiad
-from mpiad import _raw
+from mpiad import _staging
 
 
 def test_mpi4torch_names_and_constant_values() -> None:
@@ -93,12 +93,12 @@ def test_local_validation_messages() -> None:
 
 def test_staging_helpers_on_cpu() -> None:
     t = torch.arange(6.0).view(2, 3)
-    assert _raw.to_mpi(t) is t  # contiguous CPU: handed over as is
+    assert _staging.to_mpi(t) is t  # contiguous CPU: handed over as is
     nc = t.t()
-    staged = _raw.to_mpi(nc)
+    staged = _staging.to_mpi(nc)
     assert staged.is_contiguous() and torch.equal(staged, nc)
-    assert _raw.from_mpi(t, t) is t
-    buf = _raw.mpi_empty((4,), t)
+    assert _staging.from_mpi(t, t) is t
+    buf = _staging.mpi_empty((4,), t)
     assert buf.shape == (4,) and buf.dtype == t.dtype and buf.device == t.device
     assert mpiad.cuda_aware() is False  # PyPI Open MPI is built without CUDA
     mpiad.deactivate_cuda_aware_mpi_support()
@@ -199,3 +199,14 @@ def test_allreduce_latency_paths() -> None:
         _mpiad.allreduce_fast(h, a.data_ptr(), b.data_ptr(), 16, 2, mpiad.MPI_BXOR)
     with pytest.raises(TypeError, match="unknown dtype code 99"):
         _mpiad.allreduce_fast(h, a.data_ptr(), b.data_ptr(), 16, 99, mpiad.MPI_SUM)
+
+
+def test_irecv_fills_the_tensor_passed_in() -> None:
+    # a receive buffer MPI cannot write directly (non-contiguous here; a CUDA tensor
+    # without CUDA-aware MPI takes the same staging path) is filled at the Wait
+    comm = mpiad.COMM_WORLD
+    buf = torch.zeros(3, 2).t()
+    h = comm.Isend(torch.arange(6.0).view(2, 3), 0, 5)
+    got = comm.Wait(comm.Irecv(buf, 0, 5))
+    comm.Wait(h)
+    assert got.data_ptr() == buf.data_ptr() and torch.equal(buf, torch.arange(6.0).view(2, 3))

@@ -24,6 +24,7 @@
 #include "distkit/rows_cpu.hpp"
 #include "distkit/shm.hpp"
 #include "dlpack_bytes.hpp"
+#include "graph_bindings.hpp"
 #include "native.hpp"
 #include "optim.hpp"
 #include "window.hpp"
@@ -392,6 +393,8 @@ PYBIND11_MODULE(_wholemem, m) {
         py::arg("stream") = 0,
         "Sparse optimizer step on the unique local rows idx (int64) of a single-chunk table "
         "(row_state: LazyAdam's per-row {beta1^t, beta2^t}, [rows, 2]).");
+
+  wholemem::graph::register_graph(m);
 
 #ifdef DISTKIT_WITH_CUDA
   m.def("ipc_get_handle", [](uintptr_t p) { return py::bytes(cuda::ipc_get_handle(p)); }, py::arg("ptr"));

@@ -1,4 +1,5 @@
-"""Run a test body on N processes - through mpiexec or torch spawn - with a timeout.
+"""Run a test body on N processes - through mpiexec, torch spawn, or across the
+hosts of the simulated cluster - with a timeout.
 
 Every helper here starts its children in a new session, kills the whole group
 on timeout, reaps every child and fails (``AssertionError`` with the output
@@ -9,6 +10,7 @@ hanging CI.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import importlib.util
 import multiprocessing as mp
 import os
@@ -20,9 +22,13 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from . import _cluster_job as job
+from . import cluster as _cluster
+from ._cluster_job import FAULT_DEADLINE_S, Fault, RankExit
 
 DEFAULT_TIMEOUT = 180.0
 
@@ -86,10 +92,11 @@ def _private_mpi_backing(env: dict[str, str]) -> Iterator[None]:
     """Put Open MPI's shared-memory backing files of one job in a private (0700)
     directory removed afterwards: a job that is killed (a timeout, a test that
     SIGKILLs a rank) would otherwise leave ``sm_segment.*`` files in /dev/shm.
-    Values the caller already set are kept."""
+    A folder the caller already named (nox names one per session) becomes the
+    parent, so every job still gets its own folder."""
     keys = ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_osc_sm_backing_directory")
-    base = "/dev/shm"
-    if any(k in env for k in keys) or not os.access(base, os.W_OK | os.X_OK):
+    base = env.get(keys[0]) or env.get(keys[1]) or "/dev/shm"
+    if not os.access(base, os.W_OK | os.X_OK):
         yield
         return
     folder = tempfile.mkdtemp(prefix="distkit-mpi-", dir=base)
@@ -326,3 +333,197 @@ def init_process_group(rank: int, size: int, store_path: str, backend: str = "gl
 
     store = dist.FileStore(store_path, size)
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=datetime.timedelta(seconds=120))
+
+
+# --------------------------------------------------------------------------- across simulated hosts
+
+
+@dataclass
+class ClusterResult(RunResult):
+    """Outcome of :func:`run_cluster`: the launchers' merged output plus every rank's exit."""
+
+    ranks: list[RankExit] = field(default_factory=list)
+    #: hostname -> ranks that ran there (from the ranks themselves)
+    hosts: dict[str, list[int]] = field(default_factory=dict)
+    launcher_codes: list[int | None] = field(default_factory=list)
+    #: seconds from the launch to the injected fault (None: no fault)
+    fault_at: float | None = None
+    #: seconds from the fault until no process of the job was left on any of its hosts
+    ended_after_fault: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def failed_ranks(self) -> list[RankExit]:
+        """Ranks that exited non-zero or left no exit code (killed, never started)."""
+        return [r for r in self.ranks if r.code != 0]
+
+
+def collective_timeout(default: float = 1800.0) -> datetime.timedelta:
+    """The collective timeout for ``torch.distributed.init_process_group(timeout=...)`` in test scripts.
+
+    ``$DISTKIT_COLLECTIVE_TIMEOUT_S`` (set by :func:`run_cluster` from
+    ``cluster.env``, so a lost host ends a gloo collective in seconds),
+    else ``default`` (torch's own default for gloo).
+
+    Raises
+    ------
+    ValueError
+        If the variable is not a positive number.
+    """
+    raw = os.environ.get("DISTKIT_COLLECTIVE_TIMEOUT_S")
+    try:
+        seconds = float(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"DISTKIT_COLLECTIVE_TIMEOUT_S={raw!r} is not a number") from None
+    if not seconds > 0:
+        raise ValueError(f"DISTKIT_COLLECTIVE_TIMEOUT_S={raw!r} must be positive")
+    return datetime.timedelta(seconds=seconds)
+
+
+def _rank_table(ranks: list[RankExit]) -> str:
+    lines = []
+    for r in ranks:
+        where = r.host or "?"
+        what = (
+            f"exit code {r.code}"
+            if r.code is not None
+            else ("never started" if r.pid is None else "no exit code (killed by a signal, or still blocked)")
+        )
+        lines.append(f"  rank {r.rank} on {where}: {what}")
+    return "\n".join(lines)
+
+
+def run_cluster(
+    hosts: int | Sequence[str | int],
+    ranks_per_host: int | Sequence[int],
+    script_or_pytest_file: str | os.PathLike[str],
+    timeout: float = DEFAULT_TIMEOUT,
+    *,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    launcher: str = "mpiexec",
+    check: bool = True,
+    cwd: str | None = None,
+    fault: Fault | None = None,
+) -> ClusterResult:
+    """Run a script (or a pytest file) on ranks spread over hosts of the simulated cluster.
+
+    Hosts are network namespaces ``dkh1..dkhN`` with their own hostname and
+    address (:mod:`distkit_common.cluster`). Ranks fill the hosts in order:
+    ``run_cluster(2, 2, f, 60)`` runs ranks 0, 1 on ``dkh1`` and 2, 3 on ``dkh2``.
+    A ``test_*.py`` target runs ``pytest target *args`` on every rank.
+
+    ``launcher="mpiexec"``: one ``mpiexec --host dkh1:2,dkh2:2`` in the root
+    namespace starts a PRRTE daemon on each host through a launch agent
+    (``cluster_agent.sh``); ranks talk TCP across hosts and shared memory
+    within one. ``launcher="torchrun"``: one ``torchrun --nnodes N
+    --node-rank i`` per host, inside it, ``MASTER_ADDR`` = the first host.
+    Either way the job gets the settings of ``cluster.env`` (keepalives,
+    ``DISTKIT_COLLECTIVE_TIMEOUT_S``), ``GLOO_SOCKET_IFNAME``,
+    ``MASTER_ADDR``/``MASTER_PORT``, then ``env``.
+
+    If this process holds no :func:`distkit_common.cluster.session` (the
+    ``distkit_common.pytest_cluster`` plugin holds one per test session),
+    the cluster is brought up for this call and removed after it.
+
+    Parameters
+    ----------
+    hosts : int or sequence of str/int
+        How many hosts (``dkh1..dkhN``), or which (names or 1-based indices).
+    ranks_per_host : int or sequence of int
+        Ranks on every host, or on each host.
+    script_or_pytest_file : path
+        What every rank runs.
+    timeout : float
+        Seconds before every process of the job is killed and the call fails.
+    args : sequence of str
+        Extra arguments for the script (or pytest).
+    env : mapping, optional
+        Extra environment variables (they win over the defaults).
+    launcher : {"mpiexec", "torchrun"}
+        How the ranks are started.
+    check : bool
+        Without a fault: raise unless every launcher and every rank exited 0.
+        With a fault: raise unless the job failed and ended on every host
+        within 30 s of the fault (it must notice the fault, never hang).
+    cwd : str, optional
+        Working directory of the launchers.
+    fault : Fault, optional
+        A fault to inject while the job runs (kill a host or its ranks, or
+        take its link down, when a marker line appears or after a delay).
+
+    Returns
+    -------
+    ClusterResult
+
+    Raises
+    ------
+    AssertionError
+        On timeout (with the output tail and every rank's exit), or when
+        ``check`` fails.
+    RuntimeError
+        If the simulated cluster cannot be brought up (``ClusterError``).
+    TypeError, ValueError
+        On bad hosts, ranks, launcher or fault.
+    """
+    where = job.placement(hosts, ranks_per_host)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    if launcher not in job.LAUNCHERS:
+        raise ValueError(f"launcher must be one of {job.LAUNCHERS}, got {launcher!r}")
+    if fault is not None and not isinstance(fault, Fault):
+        raise TypeError(f"fault must be a Fault, got {type(fault).__name__}")
+    if fault is not None and _cluster.resolve_host(fault.host).name not in {h.name for h in where.hosts}:
+        raise ValueError(f"fault host {fault.host!r} is not one of the job's hosts {[h.name for h in where.hosts]}")
+    target = str(script_or_pytest_file)
+    if not os.path.isfile(target):
+        raise FileNotFoundError(f"no such script: {target}")
+    need = max(h.index for h in where.hosts)
+    with _cluster.session(need):
+        cmds, extra = job.commands(launcher, where, os.path.abspath(target), args, mpiexec_command(where.total))
+        full_env = mpi_env()
+        full_env.update(_cluster.job_env())
+        full_env.update(extra)
+        full_env.update(env or {})
+        with _private_mpi_backing(full_env):
+            outcome = job.run_job(cmds, full_env, where, timeout, cwd=cwd, fault=fault, kill_tree=_kill_group)
+    codes_ok = all(c == 0 for c in outcome.launcher_codes)
+    ranks_ok = all(r.code == 0 for r in outcome.ranks)
+    returncode = 0 if codes_ok and ranks_ok else next((c for c in outcome.launcher_codes if c), 1) or 1
+    placed: dict[str, list[int]] = {}
+    for r in outcome.ranks:
+        if r.host is not None:
+            placed.setdefault(r.host, []).append(r.rank)
+    res = ClusterResult(
+        returncode,
+        outcome.stdout,
+        outcome.stderr,
+        ranks=outcome.ranks,
+        hosts=placed,
+        launcher_codes=outcome.launcher_codes,
+        fault_at=outcome.fault_at,
+        ended_after_fault=outcome.ended_after_fault,
+        notes=outcome.notes,
+    )
+
+    def report(headline: str) -> str:
+        return (
+            f"{headline}\n{job.describe(cmds)}\n{_rank_table(res.ranks)}\n"
+            f"  launcher exit codes: {res.launcher_codes}\n"
+            + "".join(f"  {n}\n" for n in res.notes)
+            + f"--- stdout ---\n{_tail(res.stdout)}\n--- stderr ---\n{_tail(res.stderr)}"
+        )
+
+    if outcome.timed_out:
+        raise AssertionError(report(f"timed out after {timeout:.0f}s (every process of the job was killed)"))
+    if check and fault is None and returncode != 0:
+        raise AssertionError(report(f"exit code {returncode}"))
+    if check and fault is not None:
+        if res.fault_at is None:
+            raise AssertionError(report("the job ended before the fault was injected"))
+        if res.ended_after_fault is None or res.ended_after_fault > FAULT_DEADLINE_S or outcome.stragglers:
+            raise AssertionError(
+                report(f"the job did not end on every host within {FAULT_DEADLINE_S:.0f}s of the fault")
+            )
+        if returncode == 0:
+            raise AssertionError(report("the job succeeded although a fault was injected"))
+    return res

@@ -11,7 +11,10 @@ storages it writes (its outputs, views included, and the arguments its schema mu
 Materializing a fake tensor runs the *closure* of its storage: every pending node that
 writes it, and recursively every node writing a storage one of those reads, in recording
 order.  Executed nodes drop their arguments and store the real result on the output fake
-(``_distx_real``), so temporaries die as soon as nothing pending refers to them.
+(``_distx_real``, in the attribute dict the fake had when the op was recorded), so temporaries
+die as soon as nothing pending refers to them.  ``t.data = x`` (what ``module.double()``,
+``.half()``, ``.to(dtype)`` do to parameters) is recorded as an identity op writing ``x``'s value
+to ``t``; ``torch.utils.swap_tensors`` needs nothing, the values travel with the dicts.
 
 Exact RNG: before a random op (``torch.Tag.nondeterministic_seeded``) is recorded, the
 generator state is snapshotted; replay restores that snapshot around the op and puts the
@@ -32,7 +35,17 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from . import _distx_fake as _native
 from . import _rng
-from ._fake import _DATA_READS, FakeDataError, FakeTensor, _fake_ctx, _leaves, _map, is_real_op, set_realizer
+from ._fake import (
+    _DATA_READS,
+    FakeDataError,
+    FakeTensor,
+    _fake_ctx,
+    _leaves,
+    _map,
+    is_real_op,
+    set_data_listener,
+    set_realizer,
+)
 
 __all__ = [
     "CapturedTensorModifiedError",
@@ -136,7 +149,16 @@ def _written_args(func: Any, args: Any, kwargs: Any) -> list[Any]:
 
 
 class _Node:
-    __slots__ = ("args", "done", "func", "in_keys", "index", "kwargs", "out_keys", "outs", "rng")
+    """One recorded op.
+
+    ``args`` / ``kwargs`` / ``outs`` name fake tensors as objects; their values live in the
+    attribute dicts the objects had when the op was recorded (``states``, by ``id``). A tensor
+    object can change its value without an op (``t.data = x``: :meth:`_Graph.set_data` gives it
+    a new dict) or trade its whole state with another (``torch.utils.swap_tensors``, which swaps
+    the dicts); the dicts stay with the values.
+    """
+
+    __slots__ = ("args", "done", "func", "in_keys", "index", "kwargs", "out_keys", "outs", "rng", "states")
 
     def __init__(
         self,
@@ -156,6 +178,7 @@ class _Node:
         self.rng = rng
         self.in_keys = in_keys
         self.out_keys: tuple[int, ...] = ()
+        self.states: dict[int, dict[str, Any]] = {}
         self.done = False
 
 
@@ -203,11 +226,13 @@ class _Graph:
 
     def record(self, func: Any, args: Any, kwargs: Any, out: Any, rng: _rng.Snapshot | None) -> None:
         in_keys: list[int] = []
+        states: dict[int, dict[str, Any]] = {}
         op = func
 
         def capture(x: Any) -> Any:
             if isinstance(x, FakeTensor):
                 in_keys.append(_storage_key(x))
+                states[id(x)] = x.__dict__
                 return x
             if isinstance(x, torch.Tensor):
                 return self.capture(x, op)
@@ -224,6 +249,8 @@ class _Graph:
                 # strong: the graph lives as long as any tensor it can materialize (done nodes
                 # drop their tensors, so no cycle keeps real data alive)
                 o._distx_graph = self  # type: ignore[attr-defined]
+                states[id(o)] = o.__dict__
+        node.states = states
         for t in _written_args(func, args, kwargs):
             if isinstance(t, FakeTensor):
                 written[_storage_key(t)] = None
@@ -232,6 +259,21 @@ class _Graph:
             self.writers.setdefault(k, []).append(node)
         for k in node.in_keys:
             self.readers.setdefault(k, []).append(node)
+
+    def set_data(self, t: FakeTensor, new: FakeTensor) -> None:
+        """``t.data = new`` is recorded: from now on ``t`` holds ``new``'s value (and storage).
+
+        The ops recorded so far that name ``t`` keep the attribute dict ``t`` had (see
+        :class:`_Node`), so they still mean its old value; ``t`` gets a fresh dict and an
+        identity node that gives it ``new``'s value.
+        """
+        state = dict(t.__dict__)
+        state.pop("_distx_real", None)
+        state.pop("_distx_mat", None)
+        t.__dict__ = state
+
+    def after_set_data(self, t: FakeTensor, new: FakeTensor) -> None:
+        self.record(_same_value, (new,), {}, t, None)
 
     # --- replay ----------------------------------------------------------------------------
     def closure(self, t: torch.Tensor) -> list[_Node]:
@@ -271,9 +313,11 @@ class _Graph:
         return real
 
     def _run(self, node: _Node, device: torch.device | None) -> None:
+        states = node.states
+
         def real_of(x: Any) -> Any:
             if isinstance(x, FakeTensor):
-                r = x.__dict__.get("_distx_real")
+                r = states[id(x)].get("_distx_real")
                 if r is None:
                     raise ValueError(f"{node.func}: an input fake tensor has no recorded producer")
                 return r
@@ -298,9 +342,35 @@ class _Graph:
         reals = _leaves(out)
         for f, r in zip(fakes, reals):
             if isinstance(f, FakeTensor):
-                f._distx_real = r  # type: ignore[attr-defined]
+                states[id(f)]["_distx_real"] = r
         node.done = True
         node.args = node.kwargs = node.outs = None
+        node.states = {}
+
+
+def _same_value(x: torch.Tensor) -> torch.Tensor:
+    """The op recorded for ``t.data = x``: ``t`` takes ``x``'s value (the same tensor, as in eager)."""
+    return x
+
+
+def _on_set_data(t: FakeTensor, new: FakeTensor) -> Callable[[torch.Tensor], None] | None:
+    if new is t:  # e.g. the second visit of a tied parameter by module.double()
+        return None
+    graph: _Graph | None = getattr(_tls, "graph", None)
+    if graph is not None and _graph_of(new) is not None:
+        graph.set_data(t, new)
+        return lambda old_elem: graph.after_set_data(t, new)
+    if _graph_of(t) is not None:
+        # outside deferred_init nothing is recorded: materializing would silently give the old value
+        raise RuntimeError(
+            f"cannot replace the .data of a deferred tensor of size {tuple(t.shape)} outside deferred_init "
+            "(e.g. module.to(dtype) or .double() after deferred_init returned): ops on deferred tensors are "
+            "recorded only while module_fn runs; convert inside module_fn, or after materialization"
+        )
+    return None
+
+
+set_data_listener(_on_set_data)
 
 
 def _realize(t: torch.Tensor, what: str = "a value") -> torch.Tensor:
@@ -414,6 +484,7 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
         return module_fn(*args, **kwargs)
     graph = _Graph()
     _tls.recording = True
+    _tls.graph = graph
     prev = set_realizer(_realize)
     try:
         with _fake_ctx(True), _Recorder(graph):
@@ -421,6 +492,7 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
     finally:
         set_realizer(prev)
         _tls.recording = False
+        _tls.graph = None
     return module
 
 

@@ -32,6 +32,8 @@ _aten = torch.ops.aten
 _DATA_READS = {_aten._local_scalar_dense.default, _aten.equal.default}
 
 _tls = threading.local()
+#: torch's ``Tensor.data`` descriptor (FakeTensor overrides the setter)
+_DATA_GETTER = torch._C.TensorBase.__dict__["data"]
 
 
 class FakeDataError(RuntimeError):
@@ -43,6 +45,23 @@ def set_realizer(fn: Any) -> Any:
     prev = getattr(_tls, "realizer", None)
     _tls.realizer = fn
     return prev
+
+
+def set_data_listener(fn: Any) -> None:
+    """Install ``fn(fake, new)``, asked before ``fake.data = new`` (deferred_init's graph).
+
+    It may raise to refuse the assignment; it returns ``None`` or a callable run with the old
+    meta tensor once the assignment is done.
+    """
+    global _on_set_data
+    _on_set_data = fn
+
+
+def _no_listener(t: torch.Tensor, new: torch.Tensor) -> None:
+    return None
+
+
+_on_set_data: Any = _no_listener
 
 
 def _real_value(t: torch.Tensor, what: str) -> torch.Tensor:
@@ -119,6 +138,28 @@ class FakeTensor(torch.Tensor):
 
     def untyped_storage(self) -> torch.UntypedStorage:
         return self._elem.untyped_storage()
+
+    # ``t.data = new`` (``Module._apply``: ``.double()``, ``.half()``, ``.to(dtype)``...) swaps the
+    # TensorImpl's metadata and storage in C++ without dispatching an op; the meta tensor behind
+    # the wrapper, and deferred_init's record of where the value comes from, must follow.
+    @property
+    def data(self) -> torch.Tensor:
+        return _DATA_GETTER.__get__(self, type(self))
+
+    @data.setter
+    def data(self, new: torch.Tensor) -> None:
+        if not isinstance(new, FakeTensor):
+            raise TypeError(
+                f"cannot assign a real {type(new).__name__} to the .data of a fake tensor "
+                "(fake and real tensors do not share storage)"
+            )
+        then = _on_set_data(self, new)
+        old = self._elem
+        with torch._C.DisableTorchFunctionSubclass():
+            _DATA_GETTER.__set__(self, new)
+        self._elem = new._elem
+        if then is not None:
+            then(old)
 
     # Without a CUDA runtime, torch's bindings of these methods fail on a fake CUDA tensor
     # (they set a CUDA device guard before dispatching). ``__torch_function__`` reroutes them,
@@ -273,7 +314,6 @@ def _cuda_autograd(args: Any, kwargs: dict[str, Any]) -> bool:
     return grad and cuda
 
 
-_DATA_GETTER = torch._C.TensorBase.__dict__["data"]
 # functions whose outputs never require grad, whatever their inputs
 _NO_GRAD_OUT = {"detach", "detach_", "empty_like", "zeros_like", "ones_like", "full_like", "rand_like"}
 _NO_GRAD_OUT |= {"randn_like", "randint_like", "new_empty", "new_zeros", "new_ones", "new_full", "new_tensor"}

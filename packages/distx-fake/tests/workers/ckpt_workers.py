@@ -7,7 +7,7 @@ import os
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from distkit_common.testing import init_process_group
@@ -49,18 +49,32 @@ def state(rank: int, size: int, mesh: object, fill: bool) -> dict[str, object]:
     }
 
 
-def save_body(rank: int, size: int, store: str, path: str) -> None:
+def save_on_two_load_on_three_body(rank: int, size: int, store: str, path: str) -> None:
+    """Ranks 0 and 1 save through their own group and mesh; then all 3 ranks load.
+
+    One 3-process job for both halves: process starts dominate the cost of these tests.
+    """
     init_process_group(rank, size, store)
-    mesh = init_device_mesh("cpu", (size,))
+    savers = [0, 1]
+    mesh = DeviceMesh("cpu", savers)  # collective: every rank creates the savers' groups
+    pair = dist.new_group(savers, backend="gloo")
+    if rank in savers:
+        save(rank, len(savers), path, mesh, pair)
+    dist.barrier()
+    load(rank, size, path, init_device_mesh("cpu", (size,)))
+    dist.destroy_process_group()
+
+
+def save(rank: int, size: int, path: str, mesh: object, group: object) -> None:
     sd = state(rank, size, mesh, True)
-    cp.save_state_dict(sd, cp.FileSystemWriter(path))
+    cp.save_state_dict(sd, cp.FileSystemWriter(path), process_group=group)
     # async save of the same state into a second checkpoint, with the tensors modified
     # right after the call returns: the checkpoint must hold the values at call time
-    fut = cp.async_save_state_dict(sd, cp.FileSystemWriter(path + "-async"))
+    fut = cp.async_save_state_dict(sd, cp.FileSystemWriter(path + "-async"), process_group=group)
     sd["model"]["rep"][0].add_(100.0)
     sd["model"]["ls"].tensor.zero_()
     assert fut.result(timeout=60) is None
-    dist.barrier()
+    dist.barrier(group=group)
     if rank == 0:
         with open(os.path.join(path, "metadata.json")) as f:
             meta = json.load(f)
@@ -74,12 +88,9 @@ def save_body(rank: int, size: int, store: str, path: str) -> None:
         files = {c["file"] for e in meta["entries"] if e["kind"] == "tensor" for c in e["chunks"]}
         assert files == {f"rank{r}.bin" for r in range(size)}, files  # every rank wrote its shards
         assert by[("step",)]["value"] == 17
-    dist.destroy_process_group()
 
 
-def load_body(rank: int, size: int, store: str, path: str) -> None:
-    init_process_group(rank, size, store)
-    mesh = init_device_mesh("cpu", (size,))
+def load(rank: int, size: int, path: str, mesh: object) -> None:
     g = global_tensors()
     for p in (path, path + "-async"):
         sd = state(rank, size, mesh, False)
@@ -93,4 +104,3 @@ def load_body(rank: int, size: int, store: str, path: str) -> None:
         assert torch.equal(m["rep"][1], g["rep_b"])  # type: ignore[index]
         assert torch.equal(m["rep"][2]["c"], g["rep_c"])  # type: ignore[index]
         assert sd["step"] == 17 and sd["name"] == "run-1"
-    dist.destroy_process_group()

@@ -15,7 +15,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -94,26 +94,39 @@ def assert_same(a: Any, b: Any, where: str = "") -> None:
         assert a == b, (where, a, b)
 
 
-def save_body(rank: int, size: int, store: str, path: str) -> None:
+def save_on_two_load_on_three_body(rank: int, size: int, store: str, path: str) -> None:
+    """Ranks 0 and 1 save (their own 2-rank mesh and groups); then all 3 ranks load.
+
+    One 3-process job for both halves: process starts dominate the cost of these tests.
+    """
     init_process_group(rank, size, store)
-    mesh = init_device_mesh("cpu", (size,))
+    savers = [0, 1]
+    # every rank takes part in creating the savers' groups (new_group is collective)
+    mesh = DeviceMesh("cpu", savers)
+    pair = dist.new_group(savers, backend="gloo")
+    side = dist.new_group(savers, backend="gloo")
+    if rank in savers:
+        save(path, mesh, pair, side)
+    dist.barrier()
+    load_and_check(path, init_device_mesh("cpu", (size,)))
+    dist.destroy_process_group()
+
+
+def save(path: str, mesh: Any, group: Any, side: Any) -> None:
     model, opt = build(0, mesh)
     train(model, opt, STEPS)
     msd, osd = get_state_dict(model, opt)
-    dcp.save({"model": msd, "optim": osd, "step": STEPS}, storage_writer=cp.FileSystemWriter(path))
+    dcp.save({"model": msd, "optim": osd, "step": STEPS}, storage_writer=cp.FileSystemWriter(path), process_group=group)
     # async_save through the same storage: the values at call time are saved; its collectives
     # run on their own group so they never interleave with training's
-    side = dist.new_group(backend="gloo")
     fut = dcp.async_save(
         {"app": AppState(model, opt)}, storage_writer=cp.FileSystemWriter(path + "-async"), process_group=side
     )
     reference = {"model": full(msd), "optim": full(osd)}
     train(model, opt, 1)  # training goes on while the async save runs
     fut.result()
-    if rank == 0:  # the full state, for the loaders to compare with
+    if dist.get_rank() == 0:  # the full state, for the loaders to compare with
         cp.save_state_dict(reference, cp.FileSystemWriter(path + "-ref"), no_dist=True)
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 def reference(path: str, like: Any) -> Any:
@@ -136,9 +149,3 @@ def load_and_check(path: str, mesh: Any, **kw: Any) -> None:
         msd, osd = get_state_dict(model, opt)
         got = {"model": full(msd), "optim": full(osd)}
         assert_same(reference(path, got), got, p)
-
-
-def load_body(rank: int, size: int, store: str, path: str) -> None:
-    init_process_group(rank, size, store)
-    load_and_check(path, init_device_mesh("cpu", (size,)))
-    dist.destroy_process_group()

@@ -39,9 +39,16 @@ def rows(n: int, size: int, rank: int) -> tuple[int, int]:
     return n * rank // size, n * (rank + 1) // size
 
 
-def train_save_body(rank: int, size: int, store: str, path: str) -> None:
-    """Train a deferred-init Llama a few steps with DDP, save it sharded by rows (as FSDP keeps it)."""
+def train_save_then_load_pretrained_body(rank: int, size: int, store: str, path: str, pretrained: str) -> None:
+    """Both directions in one job (process starts dominate these tests' cost)."""
     init_process_group(rank, size, store)
+    train_save(rank, size, path)
+    load_pretrained(rank, size, pretrained)
+    dist.destroy_process_group()
+
+
+def train_save(rank: int, size: int, path: str) -> None:
+    """Train a deferred-init Llama a few steps with DDP, save it sharded by rows (as FSDP keeps it)."""
     torch.manual_seed(0)
     model = di.deferred_init(LlamaForCausalLM, config())
     di.materialize_module(model)
@@ -68,13 +75,22 @@ def train_save_body(rank: int, size: int, store: str, path: str) -> None:
             logits = model(input_ids=IDS).logits
         cp.save_state_dict({"logits": logits}, cp.FileSystemWriter(path + "-logits"), no_dist=True)
     dist.barrier()
-    dist.destroy_process_group()
 
 
-def logits_of_pretrained(folder: str, out: str) -> None:
-    """In a fresh process: from_pretrained(folder) and its logits on IDS."""
+def export_then_logits_of_pretrained(ck: str, folder: str, out: str) -> None:
+    """In a fresh process: the export CLI (``python -m distx_fake.checkpoint export``, run in this
+    process), then ``from_pretrained(folder)`` and its logits on IDS."""
+    import runpy
+
     from transformers import AutoModelForCausalLM
 
+    sys.argv = ["distx_fake.checkpoint", "export", ck, folder, "--max-shard-size", "20KB", "--prefix", "model."]
+    try:
+        runpy.run_module("distx_fake.checkpoint", run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        if e.code:
+            raise
+    config().save_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder)
     model.eval()
     with torch.no_grad():
@@ -82,11 +98,10 @@ def logits_of_pretrained(folder: str, out: str) -> None:
     cp.save_state_dict({"logits": logits}, cp.FileSystemWriter(out), no_dist=True)
 
 
-def load_pretrained_body(rank: int, size: int, store: str, folder: str) -> None:
+def load_pretrained(rank: int, size: int, folder: str) -> None:
     """A save_pretrained folder into 2 ranks: DTensor row shards, LocalShard column blocks, plain."""
     from safetensors.torch import load_file
 
-    init_process_group(rank, size, store)
     mesh = init_device_mesh("cpu", (size,))
     full: dict[str, torch.Tensor] = {}
     import json
@@ -115,8 +130,7 @@ def load_pretrained_body(rank: int, size: int, store: str, folder: str) -> None:
             assert torch.equal(got.full_tensor(), v), k
         else:
             assert torch.equal(got, v), k
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    logits_of_pretrained(sys.argv[1], sys.argv[2])
+    export_then_logits_of_pretrained(sys.argv[1], sys.argv[2], sys.argv[3])

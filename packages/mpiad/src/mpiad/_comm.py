@@ -14,18 +14,29 @@ from typing import Any
 
 import torch
 
+from . import _collectives as _coll
 from . import _functions as F
-from . import _mpiad, _p2p, _raw
-from ._constants import MPI_MAXLOC, MPI_MINLOC, MPI_SUM, OP_NAMES
+from . import _handles, _mpiad, _nonblocking, _p2p
+from ._checks import (
+    VALID,
+    check_axis,
+    check_int,
+    check_numelem,
+    check_op,
+    check_rank,
+    check_tag,
+    check_tensor,
+)
+from ._constants import MPI_MAXLOC, MPI_MINLOC, MPI_SUM
+from ._debug import state as _debug
 from ._errors import MpiadTypeError, MpiadValueError
-from ._p2p import WaitHandle
+from ._handles import WaitHandle
+from ._pool import POOL_MIN_BYTES, new_output
+from ._signatures import OP_ALLREDUCE, debug_check
 
 Tensor = torch.Tensor
 
 _is_compiling = torch.compiler.is_compiling
-_allreduce = _mpiad.allreduce
-_CODE = _raw._CODE
-
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 _empty_like = torch.empty_like
@@ -35,34 +46,6 @@ _apply_small = F.apply_small
 _functorch_active = F.functorch_active
 _unwrap_if_dead = F.unwrap_if_dead
 _allreduce_fast = _mpiad.allreduce_fast
-#: below this many bytes a new Allreduce output is a plain torch.empty_like (above: the pool)
-_SMALL = min(_raw.POOL_MIN_BYTES, _raw.LARGE_BYTES)
-
-
-def _valid_pairs() -> dict[tuple[int, torch.dtype], int]:
-    """Every (op, dtype) pair a reduction accepts (MINLOC/MAXLOC excluded: they need
-    a shape check), mapped to the dtype code: one dict lookup validates a call."""
-    out = {}
-    for dtype, code in _CODE.items():
-        for op in OP_NAMES:
-            if op in (MPI_MINLOC, MPI_MAXLOC):
-                continue
-            try:
-                _raw._check_op_dtype(op, dtype)
-            except MpiadTypeError:
-                continue
-            out[(op, dtype)] = code
-    return out
-
-
-# (op, dtype) -> dtype code; built once, never mutated (torch.compile may guard on it)
-_FAST: dict[tuple[int, torch.dtype], int] = _valid_pairs()
-
-
-def _check_op(op: Any, t: Tensor) -> int:
-    if type(op) is int and (op, t.dtype) in _FAST:
-        return op
-    return _raw.check_op(op, t)
 
 
 def _needs_grad(t: Tensor) -> bool:
@@ -79,6 +62,28 @@ def _check_out(out: Any, t: Tensor) -> None:
         and not out.requires_grad
     ):
         raise MpiadValueError("out must be a contiguous CPU tensor of the input's shape and dtype, without grad")
+
+
+def _compiled_handle(t: Tensor, result: Tensor) -> WaitHandle:
+    """Under torch.compile a non-blocking op is traced as its blocking custom op (the
+    same values and gradients, from the op's autograd formula; the compiled graph
+    does not overlap it). The handle's dummy is the result itself: Wait returns it,
+    and JoinDummies on it orders as on the real handle."""
+    return WaitHandle(result, None)
+
+
+def _code(t: Tensor) -> int:
+    from ._checks import CODE
+
+    return CODE[t.dtype]
+
+
+def _default_numelem(t: Tensor, axis: int, size: int, name: str) -> int:
+    if t.shape[axis] % size:
+        raise MpiadValueError(
+            f"{name}: size {t.shape[axis]} along axis {axis} does not divide by {size} ranks; pass numelem"
+        )
+    return t.shape[axis] // size
 
 
 _REGISTRY: dict[int, Communicator] = {}
@@ -128,6 +133,11 @@ class Communicator:
         return self._size
 
     @property
+    def handle(self) -> int:
+        """The MPI communicator handle (mpi4py's ``Comm.handle``) the native calls take."""
+        return self._handle
+
+    @property
     def mpi4py(self) -> Any:
         """The underlying ``mpi4py.MPI.Comm``."""
         return self._comm
@@ -162,42 +172,36 @@ class Communicator:
         """
         if type(op) is int and (type(tensor) is _Tensor or type(tensor) is _Parameter):
             # the latency paths: a validated (op, dtype) pair and a contiguous CPU tensor
-            code = _FAST.get((op, tensor.dtype))
-            if code is not None and tensor.is_cpu and tensor.is_contiguous() and not _raw._debug:
+            code = VALID.get((op, tensor.dtype))
+            if code is not None and tensor.is_cpu and tensor.is_contiguous() and not _debug.on:
                 nbytes = tensor.nbytes
                 if tensor.requires_grad and _grad_enabled():
-                    if out is None and nbytes < _SMALL and not _is_compiling():
+                    if out is None and nbytes < POOL_MIN_BYTES and not _is_compiling():
                         if _functorch_active():
                             return _AllreduceSmall.apply(tensor, self, op, code)
                         return _apply_small(_unwrap_if_dead(tensor), self, op, code)
                 elif not _is_compiling():
                     # no autograd: one allocation and the native call, no staging or copies
                     if out is None:
-                        out = _empty_like(tensor) if nbytes < _SMALL else _raw.new_output(tensor)
+                        out = _empty_like(tensor) if nbytes < POOL_MIN_BYTES else new_output(tensor)
                     elif out is not tensor:
                         _check_out(out, tensor)
-                    if nbytes < _raw.LARGE_BYTES:
-                        _allreduce_fast(self._handle, tensor.data_ptr(), out.data_ptr(), nbytes, code, op)
-                    else:
-                        algo = _raw.large_algo(self._handle)
-                        _allreduce(self._handle, tensor.data_ptr(), out.data_ptr(), tensor.numel(), code, op, algo)
+                    _allreduce_fast(self._handle, tensor.data_ptr(), out.data_ptr(), nbytes, code, op)
                     return out
-        t = _raw.check_tensor(tensor)
-        op = _check_op(op, t)
+        t = check_tensor(tensor)
+        op = check_op(op, t)
         if out is not None:
             if _needs_grad(t) or not t.is_cpu or not t.is_contiguous() or _is_compiling():
                 raise MpiadValueError("out= is only supported for contiguous CPU tensors that do not require grad")
             _check_out(out, t)
-            _raw.debug_check(self._handle, _raw.OP_ALLREDUCE, t, op)
-            n = t.numel()
-            algo = _raw.large_algo(self._handle) if n * t.element_size() >= _raw.LARGE_BYTES else 0
-            _allreduce(self._handle, t.data_ptr(), out.data_ptr(), n, _CODE[t.dtype], op, algo)
+            debug_check(self._handle, OP_ALLREDUCE, t, op)
+            _allreduce_fast(self._handle, t.data_ptr(), out.data_ptr(), t.nbytes, _code(t), op)
             return out
         if _is_compiling():
             return torch.ops.mpiad.allreduce(t, self._handle, op)
         if _needs_grad(t):
             return F.Allreduce.apply(t, self._handle, self._rank, self._size, op)
-        return _raw.allreduce(self._handle, t, op)
+        return _coll.allreduce(self._handle, t, op)
 
     def Bcast_(self, tensor: Tensor, root: int) -> Tensor:
         """Broadcast root's ``tensor`` into every rank's ``tensor`` (in place).
@@ -215,8 +219,8 @@ class Communicator:
         ValueError
             ``root`` out of range.
         """
-        t = _raw.check_tensor(tensor)
-        root = _raw.check_rank(root, "root", self._size)
+        t = check_tensor(tensor)
+        root = check_rank(root, "root", self._size)
         if _is_compiling():
             return torch.ops.mpiad.bcast(t, self._handle, root)
         if _needs_grad(t):
@@ -224,7 +228,7 @@ class Communicator:
             if t.grad_fn is not None:
                 F.NoInplaceReuse.apply(t, "Bcast_")
             return out
-        _raw.bcast_into(self._handle, t, root)
+        _coll.bcast_into(self._handle, t, root)
         return t
 
     def Reduce_(self, tensor: Tensor, op: int, root: int) -> Tensor:
@@ -243,9 +247,9 @@ class Communicator:
         ValueError
             ``root`` out of range, unknown ``op``.
         """
-        t = _raw.check_tensor(tensor)
-        op = _check_op(op, t)
-        root = _raw.check_rank(root, "root", self._size)
+        t = check_tensor(tensor)
+        op = check_op(op, t)
+        root = check_rank(root, "root", self._size)
         if _is_compiling():
             return torch.ops.mpiad.reduce(t, self._handle, op, root)
         if _needs_grad(t):
@@ -253,7 +257,7 @@ class Communicator:
             if t.grad_fn is not None:
                 F.NoInplaceReuse.apply(t, "Reduce_")
             return out
-        _raw.reduce_into(self._handle, t, op, root, self._rank)
+        _coll.reduce_into(self._handle, t, op, root, self._rank)
         return t
 
     def Reduce_scatter(
@@ -272,26 +276,23 @@ class Communicator:
         TypeError, ValueError
             Bad tensor/op/axis, or shares that do not add up (on every rank).
         """
-        t = _raw.check_tensor(tensor)
-        op = _check_op(op, t)
-        if op in (MPI_MINLOC, MPI_MAXLOC):
-            raise MpiadTypeError("Reduce_scatter does not support MPI_MINLOC / MPI_MAXLOC")
-        axis = _raw.check_axis(scatteraxis, "scatteraxis", t.dim())
-        if numelem is None:
-            if t.shape[axis] % self._size:
-                raise MpiadValueError(
-                    f"Reduce_scatter: size {t.shape[axis]} along axis {axis} does not divide by {self._size} ranks; "
-                    f"pass numelem"
-                )
-            numelem = t.shape[axis] // self._size
-        numelem = _raw.check_int(numelem, "numelem")
-        if numelem < 0:
-            raise MpiadValueError(f"numelem must be >= 0, got {numelem}")
+        t, op, axis, numelem = self._reduce_scatter_args(tensor, op, scatteraxis, numelem)
         if _is_compiling():
             return torch.ops.mpiad.reduce_scatter(t, self._handle, op, axis, numelem)
         if _needs_grad(t):
             return F.ReduceScatter.apply(t, self._handle, op, axis, numelem)
-        return _raw.reduce_scatter(self._handle, t, op, axis, numelem)
+        return _coll.reduce_scatter(self._handle, t, op, axis, numelem)
+
+    def _reduce_scatter_args(
+        self, tensor: Any, op: Any, scatteraxis: Any, numelem: Any
+    ) -> tuple[Tensor, int, int, int]:
+        t = check_tensor(tensor)
+        op = check_op(op, t)
+        if op in (MPI_MINLOC, MPI_MAXLOC):
+            raise MpiadTypeError("Reduce_scatter does not support MPI_MINLOC / MPI_MAXLOC")
+        axis = check_axis(scatteraxis, "scatteraxis", t.dim())
+        numelem = _default_numelem(t, axis, self._size, "Reduce_scatter") if numelem is None else check_numelem(numelem)
+        return t, op, axis, numelem
 
     # ------------------------------------------------------- gather / scatter
     def Gather(self, tensor: Tensor, gatheraxis: int, root: int) -> Tensor:
@@ -305,14 +306,14 @@ class Communicator:
         TypeError, ValueError
             Bad tensor, axis or root (locally); mismatching shapes/dtypes (on every rank).
         """
-        t = _raw.check_tensor(tensor)
-        axis = _raw.check_axis(gatheraxis, "gatheraxis", t.dim())
-        root = _raw.check_rank(root, "root", self._size)
+        t = check_tensor(tensor)
+        axis = check_axis(gatheraxis, "gatheraxis", t.dim())
+        root = check_rank(root, "root", self._size)
         if _is_compiling():
             return torch.ops.mpiad.gather(t, self._handle, axis, root)
         if _needs_grad(t):
             return F.Gather.apply(t, self._handle, self._rank, self._size, axis, root)
-        return _raw.gather(self._handle, t, axis, root, self._rank, self._size)
+        return _coll.gather(self._handle, t, axis, root, self._rank)
 
     def Allgather(self, tensor: Tensor, gatheraxis: int) -> Tensor:
         """Concatenate every rank's ``tensor`` along ``gatheraxis`` on every rank.
@@ -322,13 +323,13 @@ class Communicator:
         TypeError, ValueError
             Bad tensor or axis (locally); mismatching shapes/dtypes (on every rank).
         """
-        t = _raw.check_tensor(tensor)
-        axis = _raw.check_axis(gatheraxis, "gatheraxis", t.dim())
+        t = check_tensor(tensor)
+        axis = check_axis(gatheraxis, "gatheraxis", t.dim())
         if _is_compiling():
             return torch.ops.mpiad.allgather(t, self._handle, axis)
         if _needs_grad(t):
             return F.Allgather.apply(t, self._handle, axis)
-        return _raw.allgather(self._handle, t, axis)
+        return _coll.allgather(self._handle, t, axis)
 
     def Scatter(self, tensor: Tensor, scatteraxis: int, numelem: int, root: int) -> Tensor:
         """Split root's ``tensor`` along ``scatteraxis``; each rank receives its ``numelem`` slices.
@@ -341,18 +342,16 @@ class Communicator:
         TypeError, ValueError
             Bad tensor, axis, root or numelem; ``numelem`` not adding up (on every rank).
         """
-        t = _raw.check_tensor(tensor)
+        t = check_tensor(tensor)
         # range-checked after the size exchange, against root's tensor, on every rank
-        axis = _raw.check_int(scatteraxis, "scatteraxis")
-        numelem = _raw.check_int(numelem, "numelem")
-        if numelem < 0:
-            raise MpiadValueError(f"numelem must be >= 0, got {numelem}")
-        root = _raw.check_rank(root, "root", self._size)
+        axis = check_int(scatteraxis, "scatteraxis")
+        numelem = check_numelem(numelem)
+        root = check_rank(root, "root", self._size)
         if _is_compiling():
             return torch.ops.mpiad.scatter(t, self._handle, axis, numelem, root)
         if _needs_grad(t):
             return F.Scatter.apply(t, self._handle, self._rank, axis, numelem, root)
-        return _raw.scatter(self._handle, t, axis, numelem, root, self._rank)
+        return _coll.scatter(self._handle, t, axis, numelem, root, self._rank)
 
     def Alltoall(self, tensor: Tensor, gatheraxis: int, scatteraxis: int, numelem: int) -> Tensor:
         """Scatter along ``scatteraxis`` (rank r receives ``numelem`` of r's slices) and
@@ -366,17 +365,158 @@ class Communicator:
         TypeError, ValueError
             Bad tensor/axes/numelem (locally); sizes that do not add up (on every rank).
         """
-        t = _raw.check_tensor(tensor)
-        gaxis = _raw.check_axis(gatheraxis, "gatheraxis", t.dim())
-        saxis = _raw.check_axis(scatteraxis, "scatteraxis", t.dim())
-        numelem = _raw.check_int(numelem, "numelem")
-        if numelem < 0:
-            raise MpiadValueError(f"numelem must be >= 0, got {numelem}")
+        t = check_tensor(tensor)
+        gaxis = check_axis(gatheraxis, "gatheraxis", t.dim())
+        saxis = check_axis(scatteraxis, "scatteraxis", t.dim())
+        numelem = check_numelem(numelem)
         if _is_compiling():
             return torch.ops.mpiad.alltoall(t, self._handle, gaxis, saxis, numelem)
         if _needs_grad(t):
             return F.Alltoall.apply(t, self._handle, gaxis, saxis, numelem)
-        return _raw.alltoall(self._handle, t, gaxis, saxis, numelem)
+        return _coll.alltoall(self._handle, t, gaxis, saxis, numelem)
+
+    # ------------------------------------------------------ non-blocking
+    # Each I-method validates like its blocking twin, starts the operation and returns
+    # a WaitHandle; ``Wait(handle)`` returns what the blocking call returns. The
+    # engine's worker thread runs the communication while the caller computes; the
+    # backward starts the adjoint when the gradient of the result arrives (the Wait
+    # node) and completes it at the start node.
+
+    def Iallreduce(self, tensor: Tensor, op: int = MPI_SUM) -> WaitHandle:
+        """Start :meth:`Allreduce`; :meth:`Wait` returns the combined tensor.
+
+        Do not write ``tensor`` before the Wait (MPI may still read it).
+
+        Raises
+        ------
+        TypeError
+            Not a tensor, or ``op`` undefined for its dtype.
+        ValueError
+            Unknown ``op``.
+        """
+        t = check_tensor(tensor)
+        op = check_op(op, t)
+        if _is_compiling():
+            return _compiled_handle(t, torch.ops.mpiad.allreduce(t, self._handle, op))
+        return _nonblocking.iallreduce(self, t, op)
+
+    def Ibcast_(self, tensor: Tensor, root: int) -> WaitHandle:
+        """Start :meth:`Bcast_` (in place); :meth:`Wait` returns the broadcast tensor.
+
+        ``tensor`` holds root's values only after the Wait; use the returned tensor.
+
+        Raises
+        ------
+        TypeError
+            Not a tensor / unsupported dtype.
+        ValueError
+            ``root`` out of range.
+        """
+        t = check_tensor(tensor)
+        root = check_rank(root, "root", self._size)
+        if _is_compiling():
+            return _compiled_handle(t, torch.ops.mpiad.bcast(t, self._handle, root))
+        handle = _nonblocking.ibcast(self, t, root)
+        if _needs_grad(t) and t.grad_fn is not None:
+            F.NoInplaceReuse.apply(t, "Ibcast_")
+        return handle
+
+    def Ireduce_(self, tensor: Tensor, op: int, root: int) -> WaitHandle:
+        """Start :meth:`Reduce_` (in place); :meth:`Wait` returns root's result (zeros elsewhere).
+
+        Raises
+        ------
+        TypeError
+            Not a tensor, or ``op`` undefined for its dtype.
+        ValueError
+            ``root`` out of range, unknown ``op``.
+        """
+        t = check_tensor(tensor)
+        op = check_op(op, t)
+        root = check_rank(root, "root", self._size)
+        if _is_compiling():
+            return _compiled_handle(t, torch.ops.mpiad.reduce(t, self._handle, op, root))
+        handle = _nonblocking.ireduce(self, t, op, root)
+        if _needs_grad(t) and t.grad_fn is not None:
+            F.NoInplaceReuse.apply(t, "Ireduce_")
+        return handle
+
+    def Igather(self, tensor: Tensor, gatheraxis: int, root: int) -> WaitHandle:
+        """Start :meth:`Gather`. The sizes along ``gatheraxis`` are exchanged first (a short
+        blocking step); the data moves in the background.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :meth:`Gather`.
+        """
+        t = check_tensor(tensor)
+        axis = check_axis(gatheraxis, "gatheraxis", t.dim())
+        root = check_rank(root, "root", self._size)
+        if _is_compiling():
+            return _compiled_handle(t, torch.ops.mpiad.gather(t, self._handle, axis, root))
+        return _nonblocking.igather(self, t, axis, root)
+
+    def Iallgather(self, tensor: Tensor, gatheraxis: int) -> WaitHandle:
+        """Start :meth:`Allgather` (sizes exchanged first, data in the background).
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :meth:`Allgather`.
+        """
+        t = check_tensor(tensor)
+        axis = check_axis(gatheraxis, "gatheraxis", t.dim())
+        if _is_compiling():
+            return _compiled_handle(t, torch.ops.mpiad.allgather(t, self._handle, axis))
+        return _nonblocking.iallgather(self, t, axis)
+
+    def Iscatter(self, tensor: Tensor, scatteraxis: int, numelem: int, root: int) -> WaitHandle:
+        """Start :meth:`Scatter` (sizes exchanged first, data in the background).
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :meth:`Scatter`.
+        """
+        t = check_tensor(tensor)
+        axis = check_int(scatteraxis, "scatteraxis")
+        numelem = check_numelem(numelem)
+        root = check_rank(root, "root", self._size)
+        if _is_compiling():
+            return _compiled_handle(t, torch.ops.mpiad.scatter(t, self._handle, axis, numelem, root))
+        return _nonblocking.iscatter(self, t, axis, numelem, root)
+
+    def Ialltoall(self, tensor: Tensor, gatheraxis: int, scatteraxis: int, numelem: int) -> WaitHandle:
+        """Start :meth:`Alltoall` (sizes exchanged first, data in the background).
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :meth:`Alltoall`.
+        """
+        t = check_tensor(tensor)
+        gaxis = check_axis(gatheraxis, "gatheraxis", t.dim())
+        saxis = check_axis(scatteraxis, "scatteraxis", t.dim())
+        numelem = check_numelem(numelem)
+        if _is_compiling():
+            return _compiled_handle(t, torch.ops.mpiad.alltoall(t, self._handle, gaxis, saxis, numelem))
+        return _nonblocking.ialltoall(self, t, gaxis, saxis, numelem)
+
+    def Ireduce_scatter(
+        self, tensor: Tensor, op: int = MPI_SUM, scatteraxis: int = 0, numelem: int | None = None
+    ) -> WaitHandle:
+        """Start :meth:`Reduce_scatter` (shares exchanged first, data in the background).
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :meth:`Reduce_scatter`.
+        """
+        t, op, axis, numelem = self._reduce_scatter_args(tensor, op, scatteraxis, numelem)
+        if _is_compiling():
+            return _compiled_handle(t, torch.ops.mpiad.reduce_scatter(t, self._handle, op, axis, numelem))
+        return _nonblocking.ireduce_scatter(self, t, op, axis, numelem)
 
     # ------------------------------------------------------- point to point
     def Isend(self, tensor: Tensor, dest: int, tag: int) -> WaitHandle:
@@ -387,9 +527,9 @@ class Communicator:
         TypeError, ValueError
             Bad tensor, ``dest`` out of range, bad tag.
         """
-        t = _raw.check_tensor(tensor)
-        dest = _raw.check_rank(dest, "dest", self._size)
-        tag = _raw.check_tag(tag, "tag", self._tag_ub)
+        t = check_tensor(tensor)
+        dest = check_rank(dest, "dest", self._size)
+        tag = check_tag(tag, "tag", self._tag_ub)
         return _p2p.isend(self._handle, t, dest, tag)
 
     def Irecv(self, tensor: Tensor, source: int, tag: int) -> WaitHandle:
@@ -400,9 +540,9 @@ class Communicator:
         TypeError, ValueError
             Bad tensor, ``source`` out of range, bad tag.
         """
-        t = _raw.check_tensor(tensor)
-        source = _raw.check_rank(source, "source", self._size)
-        tag = _raw.check_tag(tag, "tag", self._tag_ub)
+        t = check_tensor(tensor)
+        source = check_rank(source, "source", self._size)
+        tag = check_tag(tag, "tag", self._tag_ub)
         return _p2p.irecv(self._handle, t, source, tag)
 
     def Wait(self, waithandle: WaitHandle) -> Tensor:
@@ -420,7 +560,9 @@ class Communicator:
         RuntimeError
             The handle was already waited for.
         """
-        return _p2p.wait(waithandle)
+        if _is_compiling() and isinstance(waithandle, WaitHandle) and waithandle.link is None:
+            return waithandle.dummy
+        return _handles.wait(waithandle)
 
     def Send(self, tensor: Tensor, dest: int, tag: int) -> Tensor:
         """Blocking send (``Wait(Isend(...))``); returns ``tensor``.
@@ -472,15 +614,15 @@ class Communicator:
         TypeError, ValueError
             Bad tensors, ranks or tags.
         """
-        t = _raw.check_tensor(tensor)
-        like = t if recvtensor is None else _raw.check_tensor(recvtensor, "recvtensor")
-        dest = _raw.check_rank(dest, "dest", self._size)
-        source = dest if source is None else _raw.check_rank(source, "source", self._size)
-        sendtag = _raw.check_tag(sendtag, "sendtag", self._tag_ub)
-        recvtag = sendtag if recvtag is None else _raw.check_tag(recvtag, "recvtag", self._tag_ub)
+        t = check_tensor(tensor)
+        like = t if recvtensor is None else check_tensor(recvtensor, "recvtensor")
+        dest = check_rank(dest, "dest", self._size)
+        source = dest if source is None else check_rank(source, "source", self._size)
+        sendtag = check_tag(sendtag, "sendtag", self._tag_ub)
+        recvtag = sendtag if recvtag is None else check_tag(recvtag, "recvtag", self._tag_ub)
         if _needs_grad(t) or _needs_grad(like):
             return F.Sendrecv.apply(t, like, self._handle, dest, sendtag, source, recvtag)
-        return _raw.sendrecv(self._handle, t, dest, sendtag, like, source, recvtag)
+        return _coll.sendrecv(self._handle, t, dest, sendtag, like, source, recvtag)
 
     def Barrier(self) -> None:
         """Block until every rank of the communicator has called Barrier."""
@@ -540,4 +682,4 @@ def JoinDummiesHandle(handle: WaitHandle, dummies: list[Tensor]) -> WaitHandle:
     TypeError
         Not a handle, or bad dummies.
     """
-    return _p2p.join_dummies_handle(handle, dummies)
+    return _handles.join_dummies_handle(handle, dummies)

@@ -1,37 +1,29 @@
-"""Reduction-operation constants (same values as mpi4torch's)."""
+"""Reduction-operation constants, read from the extension (mpi4torch's values, plus MPI_AVG)."""
 
 from __future__ import annotations
 
-MPI_MAX = 0
-MPI_MIN = 1
-MPI_SUM = 2
-MPI_PROD = 3
-MPI_LAND = 4
-MPI_BAND = 5
-MPI_LOR = 6
-MPI_BOR = 7
-MPI_LXOR = 8
-MPI_BXOR = 9
-MPI_MINLOC = 10
-MPI_MAXLOC = 11
+from . import _mpiad
 
-OP_NAMES: dict[int, str] = {
-    MPI_MAX: "MPI_MAX",
-    MPI_MIN: "MPI_MIN",
-    MPI_SUM: "MPI_SUM",
-    MPI_PROD: "MPI_PROD",
-    MPI_LAND: "MPI_LAND",
-    MPI_BAND: "MPI_BAND",
-    MPI_LOR: "MPI_LOR",
-    MPI_BOR: "MPI_BOR",
-    MPI_LXOR: "MPI_LXOR",
-    MPI_BXOR: "MPI_BXOR",
-    MPI_MINLOC: "MPI_MINLOC",
-    MPI_MAXLOC: "MPI_MAXLOC",
-}
+MPI_MAX: int = _mpiad.MPI_MAX
+MPI_MIN: int = _mpiad.MPI_MIN
+MPI_SUM: int = _mpiad.MPI_SUM
+MPI_PROD: int = _mpiad.MPI_PROD
+MPI_LAND: int = _mpiad.MPI_LAND
+MPI_BAND: int = _mpiad.MPI_BAND
+MPI_LOR: int = _mpiad.MPI_LOR
+MPI_BOR: int = _mpiad.MPI_BOR
+MPI_LXOR: int = _mpiad.MPI_LXOR
+MPI_BXOR: int = _mpiad.MPI_BXOR
+MPI_MINLOC: int = _mpiad.MPI_MINLOC
+MPI_MAXLOC: int = _mpiad.MPI_MAXLOC
+#: SUM divided by the communicator size (floating and complex dtypes); its backward
+#: is the AVG of the upstream gradients (mpiad's addition to mpi4torch's constants).
+MPI_AVG: int = _mpiad.MPI_AVG
+
+OP_NAMES: dict[int, str] = dict(_mpiad.OP_NAMES)
 
 #: Ops whose backward is implemented.
-DIFFERENTIABLE_OPS = frozenset({MPI_SUM, MPI_MAX, MPI_MIN, MPI_PROD, MPI_MINLOC, MPI_MAXLOC})
+DIFFERENTIABLE_OPS = frozenset({MPI_SUM, MPI_AVG, MPI_MAX, MPI_MIN, MPI_PROD, MPI_MINLOC, MPI_MAXLOC})
 
 #: Tag offset of the messages that carry gradients backwards (as in mpi4torch).
 BACKWARD_TAG_OFFSET = 10

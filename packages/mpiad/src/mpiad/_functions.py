@@ -1,7 +1,8 @@
 """Eager autograd: one ``torch.autograd.Function`` per operation.
 
 The backward passes call the raw (non-autograd) communication of
-:mod:`mpiad._raw`; see ANCHORS for the pairs (Gather <-> Scatter, ...).
+:mod:`mpiad._collectives` (or, under ``create_graph=True``, these Functions
+again); the pairs: Gather <-> Scatter, Allgather <-> Reduce_scatter, ...
 """
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ from typing import Any
 
 import torch
 
-from . import _grad, _mpiad, _raw
-from ._constants import BACKWARD_TAG_OFFSET, MPI_SUM
+from . import _collectives as _coll
+from . import _grad, _mpiad
+from ._checks import CODE
+from ._constants import BACKWARD_TAG_OFFSET, MPI_AVG, MPI_SUM
+from ._debug import state as _debug
 
 Tensor = torch.Tensor
 
@@ -39,23 +43,23 @@ class EagerBackend:
     def allreduce(self, t: Tensor, op: int) -> Tensor:
         if _diff(t):
             return Allreduce.apply(t, self.comm, self.rank, self.size, op)
-        return _raw.allreduce(self.comm, t, op)
+        return _coll.allreduce(self.comm, t, op)
 
     def bcast(self, t: Tensor, root: int) -> Tensor:
         if _diff(t):
             return Bcast.apply(t.clone(), self.comm, self.rank, root)
-        return _raw.bcast(self.comm, t, root)
+        return _coll.bcast(self.comm, t, root)
 
     def reduce(self, t: Tensor, op: int, root: int) -> Tensor:
         if _diff(t):
             return Reduce.apply(t.clone(), self.comm, self.rank, self.size, op, root)
-        return _raw.reduce(self.comm, t, op, root, self.rank)
+        return _coll.reduce(self.comm, t, op, root, self.rank)
 
 
 class Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, comm: int, rank: int, size: int, op: int) -> Tensor:
-        y = _raw.allreduce(comm, x, op)  # (large outputs come from the buffer pool)
+        y = _coll.allreduce(comm, x, op)  # (large outputs come from the buffer pool)
         ctx.args = (comm, rank, size, op)
         if _grad.needs_saved(op):
             ctx.save_for_backward(x, y)
@@ -86,9 +90,9 @@ class AllreduceSmall(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, comm: Any, op: int, code: int) -> Tensor:
         y = _empty_like(x)
-        _allreduce_fast(comm._handle, x.data_ptr(), y.data_ptr(), x.nbytes, code, op)
+        _allreduce_fast(comm.handle, x.data_ptr(), y.data_ptr(), x.nbytes, code, op)
         ctx.a = (comm, op, code)
-        if op != MPI_SUM:
+        if _grad.needs_saved(op):
             ctx.save_for_backward(x, y)
         return y
 
@@ -96,20 +100,20 @@ class AllreduceSmall(torch.autograd.Function):
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
         comm, op, code = ctx.a
         if (
-            op == MPI_SUM
+            op in (MPI_SUM, MPI_AVG)
             and type(g) is _Tensor
             and not g.requires_grad
             and g.is_cpu
             and g.is_contiguous()
-            and not _raw._debug
-            and _raw._CODE.get(g.dtype) == code
+            and not _debug.on
+            and CODE.get(g.dtype) == code
         ):
             gs = _empty_like(g)
-            _allreduce_fast(comm._handle, g.data_ptr(), gs.data_ptr(), g.nbytes, code, MPI_SUM)
+            _allreduce_fast(comm.handle, g.data_ptr(), gs.data_ptr(), g.nbytes, code, op)
             return gs, None, None, None
-        x, y = ctx.saved_tensors if op != MPI_SUM else (None, None)
-        be = EagerBackend(comm._handle, comm._rank, comm._size)
-        return _grad.allreduce_backward(be, g, x, y, op, comm._rank, comm._size), None, None, None
+        x, y = ctx.saved_tensors if _grad.needs_saved(op) else (None, None)
+        be = EagerBackend(comm.handle, comm.rank, comm.size)
+        return _grad.allreduce_backward(be, g, x, y, op, comm.rank, comm.size), None, None, None
 
 
 #: ``AllreduceSmall.apply`` without ``Function.apply``'s Python wrapper (~1.5 us here);
@@ -154,7 +158,7 @@ class Bcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, comm: int, rank: int, root: int) -> Tensor:
         buf = x.detach()
-        _raw.bcast_into(comm, buf, root)
+        _coll.bcast_into(comm, buf, root)
         torch.autograd.graph.increment_version(x)
         ctx.args = (comm, rank, root)
         return buf
@@ -171,7 +175,7 @@ class Reduce(torch.autograd.Function):
         keep = _grad.needs_saved(op)
         xin = x.detach().clone() if keep else None
         buf = x.detach()
-        _raw.reduce_into(comm, buf, op, root, rank)
+        _coll.reduce_into(comm, buf, op, root, rank)
         torch.autograd.graph.increment_version(x)
         ctx.args = (comm, rank, size, op, root)
         if keep:
@@ -190,21 +194,21 @@ class Gather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, comm: int, rank: int, size: int, axis: int, root: int) -> Tensor:
         ctx.args = (comm, rank, axis, root, x.shape[axis])
-        return _raw.gather(comm, x, axis, root, rank, size)
+        return _coll.gather(comm, x, axis, root, rank)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
         comm, rank, axis, root, n = ctx.args
         if _diff(g):
             return Scatter.apply(g, comm, rank, axis, n, root), None, None, None, None, None
-        return _raw.scatter(comm, g, axis, n, root, rank), None, None, None, None, None
+        return _coll.scatter(comm, g, axis, n, root, rank), None, None, None, None, None
 
 
 class Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, comm: int, axis: int) -> Tensor:
         ctx.args = (comm, axis, x.shape[axis])
-        return _raw.allgather(comm, x, axis)
+        return _coll.allgather(comm, x, axis)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
@@ -212,14 +216,14 @@ class Allgather(torch.autograd.Function):
         # every rank's upstream gradient of my slice, summed
         if _diff(g):
             return ReduceScatter.apply(g, comm, MPI_SUM, axis, n), None, None
-        return _raw.reduce_scatter(comm, g, MPI_SUM, axis, n), None, None
+        return _coll.reduce_scatter(comm, g, MPI_SUM, axis, n), None, None
 
 
 class Scatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, comm: int, rank: int, axis: int, numelem: int, root: int) -> Tensor:
         ctx.like = (x.shape, x.dtype, x.device)
-        y = _raw.scatter(comm, x, axis, numelem, root, rank)
+        y = _coll.scatter(comm, x, axis, numelem, root, rank)
         ctx.args = (comm, rank, axis % y.dim(), root)
         return y
 
@@ -227,7 +231,7 @@ class Scatter(torch.autograd.Function):
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
         comm, rank, axis, root = ctx.args
         diff = _diff(g)
-        gx = Gather.apply(g, comm, rank, 0, axis, root) if diff else _raw.gather(comm, g, axis, root, rank, 0)
+        gx = Gather.apply(g, comm, rank, 0, axis, root) if diff else _coll.gather(comm, g, axis, root, rank)
         if rank != root:
             shape, dtype, device = ctx.like
             zeros = torch.zeros(shape, dtype=dtype, device=device)
@@ -241,30 +245,28 @@ class Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, comm: int, gaxis: int, saxis: int, numelem: int) -> Tensor:
         ctx.args = (comm, gaxis, saxis, x.shape[gaxis])
-        return _raw.alltoall(comm, x, gaxis, saxis, numelem)
+        return _coll.alltoall(comm, x, gaxis, saxis, numelem)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
         comm, gaxis, saxis, n = ctx.args
         if _diff(g):
             return Alltoall.apply(g, comm, saxis, gaxis, n), None, None, None, None
-        return _raw.alltoall(comm, g, saxis, gaxis, n), None, None, None, None
+        return _coll.alltoall(comm, g, saxis, gaxis, n), None, None, None, None
 
 
 class ReduceScatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, comm: int, op: int, axis: int, numelem: int) -> Tensor:
         ctx.args = (comm, op, axis)
-        return _raw.reduce_scatter(comm, x, op, axis, numelem)
+        return _coll.reduce_scatter(comm, x, op, axis, numelem)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
         comm, op, axis = ctx.args
-        if op != MPI_SUM:
-            raise RuntimeError("Reduce_scatter is differentiable for MPI_SUM only")
-        if _diff(g):
-            return Allgather.apply(g, comm, axis), None, None, None, None
-        return _raw.allgather(comm, g, axis), None, None, None, None
+        scale = _grad.reduce_scatter_adjoint_scale(op, _mpiad.comm_size(comm))
+        gx = Allgather.apply(g, comm, axis) if _diff(g) else _coll.allgather(comm, g, axis)
+        return (gx if scale == 1.0 else gx * scale), None, None, None, None
 
 
 class Sendrecv(torch.autograd.Function):
@@ -275,7 +277,7 @@ class Sendrecv(torch.autograd.Function):
         ctx.args = (comm, dest, sendtag, source, recvtag)
         ctx.xmeta = (x.shape, x.dtype, x.device)
         ctx.likemeta = (like.shape, like.dtype, like.device)
-        return _raw.sendrecv(comm, x, dest, sendtag, like, source, recvtag)
+        return _coll.sendrecv(comm, x, dest, sendtag, like, source, recvtag)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
@@ -286,7 +288,7 @@ class Sendrecv(torch.autograd.Function):
         if _diff(g):
             gx = Sendrecv.apply(g.to(dtype), like, comm, source, recvtag + off, dest, sendtag + off)
         else:
-            gx = _raw.sendrecv(comm, g.to(dtype), source, recvtag + off, like, dest, sendtag + off)
+            gx = _coll.sendrecv(comm, g.to(dtype), source, recvtag + off, like, dest, sendtag + off)
         lshape, ldtype, ldevice = ctx.likemeta
         return gx, torch.zeros(lshape, dtype=ldtype, device=ldevice), None, None, None, None, None
 

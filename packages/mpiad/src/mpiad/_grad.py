@@ -11,7 +11,17 @@ from typing import Protocol
 
 import torch
 
-from ._constants import MPI_MAX, MPI_MAXLOC, MPI_MIN, MPI_MINLOC, MPI_PROD, MPI_SUM, OP_NAMES
+from ._constants import (
+    DIFFERENTIABLE_OPS,
+    MPI_AVG,
+    MPI_MAX,
+    MPI_MAXLOC,
+    MPI_MIN,
+    MPI_MINLOC,
+    MPI_PROD,
+    MPI_SUM,
+    OP_NAMES,
+)
 
 Tensor = torch.Tensor
 
@@ -47,7 +57,7 @@ def _prod_others(be: Backend, x: Tensor) -> Tensor:
 
 
 def _check_diff(op: int, name: str) -> None:
-    if op not in (MPI_SUM, MPI_MAX, MPI_MIN, MPI_PROD, MPI_MINLOC, MPI_MAXLOC):
+    if op not in DIFFERENTIABLE_OPS:
         raise RuntimeError(f"{name} with {OP_NAMES.get(op, op)} has no derivative (it is not differentiable)")
 
 
@@ -56,8 +66,20 @@ def allreduce_backward(
 ) -> Tensor:
     """d/dx_r of y = op_r x_r, given every rank's upstream gradient ``g``."""
     _check_diff(op, "Allreduce")
-    gs = be.allreduce(g, MPI_SUM)
-    if op == MPI_SUM:
+    return allreduce_backward_finish(be, be.allreduce(g, adjoint_op(op)), x, y, op, rank, size)
+
+
+def adjoint_op(op: int) -> int:
+    """The reduction of the upstream gradients in the backward of an ``op`` reduction."""
+    return MPI_AVG if op == MPI_AVG else MPI_SUM
+
+
+def allreduce_backward_finish(
+    be: Backend, gs: Tensor, x: Tensor | None, y: Tensor | None, op: int, rank: int, size: int
+) -> Tensor:
+    """The rest of :func:`allreduce_backward`, given ``gs`` = Allreduce(g, adjoint_op(op))."""
+    _check_diff(op, "Allreduce")
+    if op in (MPI_SUM, MPI_AVG):
         return gs
     assert x is not None and y is not None
     if op in (MPI_MAX, MPI_MIN):
@@ -76,9 +98,18 @@ def reduce_backward(
 ) -> Tensor:
     """Backward of Reduce_ to ``root``: only root's upstream gradient counts."""
     _check_diff(op, "Reduce_")
-    gr = be.bcast(g.contiguous(), root)
+    return reduce_backward_finish(be, be.bcast(g.contiguous(), root), x, y, op, root, rank, size)
+
+
+def reduce_backward_finish(
+    be: Backend, gr: Tensor, x: Tensor | None, y: Tensor | None, op: int, root: int, rank: int, size: int
+) -> Tensor:
+    """The rest of :func:`reduce_backward`, given ``gr`` = root's upstream gradient (Bcast)."""
+    _check_diff(op, "Reduce_")
     if op == MPI_SUM:
         return gr
+    if op == MPI_AVG:
+        return gr / size
     assert x is not None and y is not None
     if op == MPI_PROD:
         d = _prod_others(be, x)
@@ -94,4 +125,22 @@ def reduce_backward(
 
 
 def needs_saved(op: int) -> bool:
-    return op != MPI_SUM
+    """Whether the backward of an ``op`` reduction needs the input and the result."""
+    return op not in (MPI_SUM, MPI_AVG)
+
+
+def reduce_scatter_adjoint_scale(op: int, size: int) -> float:
+    """Factor of the Allgather in Reduce_scatter's backward (SUM: 1, AVG: 1/size).
+
+    Raises
+    ------
+    RuntimeError
+        Other ops (not differentiable).
+    """
+    if op == MPI_SUM:
+        return 1.0
+    if op == MPI_AVG:
+        return 1.0 / size
+    raise RuntimeError(
+        f"Reduce_scatter with {OP_NAMES.get(op, op)} has no derivative: differentiable for MPI_SUM only (and MPI_AVG)"
+    )

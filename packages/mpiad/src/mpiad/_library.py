@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch._library.effects import EffectType
 
-from . import _grad, _raw
+from . import _collectives as _coll
+from . import _grad
 from ._constants import MPI_SUM
 from ._errors import MpiadValueError
 
@@ -60,7 +61,7 @@ class _Ops:
 # ------------------------------------------------------------------ allreduce
 @torch.library.custom_op("mpiad::allreduce", mutates_args=())
 def allreduce(x: Tensor, comm: int, op: int) -> Tensor:
-    return _raw.allreduce(comm, x, op)
+    return _coll.allreduce(comm, x, op)
 
 
 @allreduce.register_fake
@@ -88,7 +89,7 @@ allreduce.register_autograd(_allreduce_bwd, setup_context=_allreduce_setup)
 # ---------------------------------------------------------------------- bcast
 @torch.library.custom_op("mpiad::bcast", mutates_args=())
 def bcast(x: Tensor, comm: int, root: int) -> Tensor:
-    return _raw.bcast(comm, x, root)
+    return _coll.bcast(comm, x, root)
 
 
 @bcast.register_fake
@@ -113,7 +114,7 @@ bcast.register_autograd(_bcast_bwd, setup_context=_bcast_setup)
 @torch.library.custom_op("mpiad::reduce", mutates_args=())
 def reduce(x: Tensor, comm: int, op: int, root: int) -> Tensor:
     rank, _ = _rs(comm)
-    return _raw.reduce(comm, x, op, root, rank)
+    return _coll.reduce(comm, x, op, root, rank)
 
 
 @reduce.register_fake
@@ -148,8 +149,8 @@ def _gather_shape(x: Tensor, comm: int, axis: int, root: int | None) -> list[int
 
 @torch.library.custom_op("mpiad::gather", mutates_args=())
 def gather(x: Tensor, comm: int, axis: int, root: int) -> Tensor:
-    rank, size = _rs(comm)
-    return _check_shape(_raw.gather(comm, x, axis, root, rank, size), _gather_shape(x, comm, axis, root), "Gather")
+    rank, _ = _rs(comm)
+    return _check_shape(_coll.gather(comm, x, axis, root, rank), _gather_shape(x, comm, axis, root), "Gather")
 
 
 @gather.register_fake
@@ -173,7 +174,7 @@ gather.register_autograd(_gather_bwd, setup_context=_gather_setup)
 
 @torch.library.custom_op("mpiad::allgather", mutates_args=())
 def allgather(x: Tensor, comm: int, axis: int) -> Tensor:
-    return _check_shape(_raw.allgather(comm, x, axis), _gather_shape(x, comm, axis, None), "Allgather")
+    return _check_shape(_coll.allgather(comm, x, axis), _gather_shape(x, comm, axis, None), "Allgather")
 
 
 @allgather.register_fake
@@ -205,7 +206,7 @@ def _scatter_shape(x: Tensor, axis: int, numelem: int) -> list[int]:
 @torch.library.custom_op("mpiad::scatter", mutates_args=())
 def scatter(x: Tensor, comm: int, axis: int, numelem: int, root: int) -> Tensor:
     rank, _ = _rs(comm)
-    out = _raw.scatter(comm, x, axis, numelem, root, rank)
+    out = _coll.scatter(comm, x, axis, numelem, root, rank)
     return _check_shape(out, _scatter_shape(x, axis, numelem), "Scatter")
 
 
@@ -244,7 +245,7 @@ def _alltoall_shape(x: Tensor, comm: int, gaxis: int, saxis: int, numelem: int) 
 
 @torch.library.custom_op("mpiad::alltoall", mutates_args=())
 def alltoall(x: Tensor, comm: int, gaxis: int, saxis: int, numelem: int) -> Tensor:
-    out = _raw.alltoall(comm, x, gaxis, saxis, numelem)
+    out = _coll.alltoall(comm, x, gaxis, saxis, numelem)
     return _check_shape(out, _alltoall_shape(x, comm, gaxis, saxis, numelem), "Alltoall")
 
 
@@ -270,7 +271,7 @@ alltoall.register_autograd(_alltoall_bwd, setup_context=_alltoall_setup)
 # ------------------------------------------------------------- reduce_scatter
 @torch.library.custom_op("mpiad::reduce_scatter", mutates_args=())
 def reduce_scatter(x: Tensor, comm: int, op: int, axis: int, numelem: int) -> Tensor:
-    return _raw.reduce_scatter(comm, x, op, axis, numelem)
+    return _coll.reduce_scatter(comm, x, op, axis, numelem)
 
 
 @reduce_scatter.register_fake
@@ -286,9 +287,9 @@ def _rsc_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
 
 def _rsc_bwd(ctx: Any, g: Tensor) -> tuple[Tensor | None, None, None, None, None]:
     comm, op, axis = ctx.args
-    if op != MPI_SUM:
-        raise RuntimeError("Reduce_scatter is differentiable for MPI_SUM only")
-    return torch.ops.mpiad.allgather(g.contiguous(), comm, axis), None, None, None, None
+    scale = _grad.reduce_scatter_adjoint_scale(op, _rs(comm)[1])
+    gx = torch.ops.mpiad.allgather(g.contiguous(), comm, axis)
+    return (gx if scale == 1.0 else gx * scale), None, None, None, None
 
 
 reduce_scatter.register_autograd(_rsc_bwd, setup_context=_rsc_setup)

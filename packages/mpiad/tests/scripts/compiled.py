@@ -27,8 +27,18 @@ def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     r = comm.Reduce_(x * 5, mpiad.MPI_SUM, 0)
     q = comm.Reduce_scatter(x.repeat(size), mpiad.MPI_SUM)
     j = mpiad.JoinDummies(b, [r])
+    # non-blocking ops trace as their blocking custom ops (same values and gradients)
+    h1 = comm.Iallreduce(x * w, mpiad.MPI_AVG)
+    h2 = comm.Iallgather(x.view(1, -1) * (rank + 1), 0)
+    h3 = comm.Ireduce_scatter(w.repeat(size), mpiad.MPI_SUM)
+    k = mpiad.JoinDummies(x * 3, [h1.dummy])
+    i1, i2, i3 = comm.Wait(h1), comm.Wait(h2), comm.Wait(h3)
     return (
-        z.sum() * (rank + 1)
+        (i1 * i1).sum()
+        + (i2 * (rank + 1)).sum()
+        + (i3 * x).sum()
+        + k.sum()
+        + z.sum() * (rank + 1)
         + (s * s).sum()
         + g.sum()
         + (a * torch.arange(a.numel(), dtype=D).view_as(a)).sum()
@@ -48,7 +58,8 @@ def f_small(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     b = comm.Allgather(w.view(1, -1), 0)
     s = comm.Bcast_(x * 2, 0)
     r = comm.Reduce_scatter(x.repeat(size), mpiad.MPI_SUM)
-    return a.sum() + (g * (rank + 1)).sum() + (b * b).sum() + s.sum() * (rank + 2) + (r * w).sum()
+    i = comm.Wait(comm.Iallreduce(x * (rank + 1), mpiad.MPI_SUM))
+    return (i * i).sum() + a.sum() + (g * (rank + 1)).sum() + (b * b).sum() + s.sum() * (rank + 2) + (r * w).sum()
 
 
 if len(sys.argv) > 2 and sys.argv[2] == "small":

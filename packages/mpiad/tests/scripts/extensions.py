@@ -3,7 +3,6 @@ bad input (raised before any communication), debug mode."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +10,7 @@ import mpi4py.MPI as MPI
 import torch
 
 import mpiad
-from mpiad import _raw
+from mpiad import _algo
 
 comm = mpiad.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -140,11 +139,8 @@ for dt in (torch.float32, torch.float64, torch.int32, torch.int64, torch.float16
     assert mn[:, 0].tolist() == [0, -(size - 1), 5, 0] and mn[:, 1].tolist() == [0, size - 1, 0, 0], mn
 
 # large messages: both Allreduce algorithms (MPI_Allreduce; Reduce + Bcast on one node)
-saved_large = _raw.LARGE_BYTES
-_raw.LARGE_BYTES = 1 << 18  # exercise the large-message algorithms with 512 KiB messages
 for mode in ("mpi", "reduce_bcast", "auto"):
-    os.environ["MPIAD_ALLREDUCE"] = mode
-    _raw._ALGO.clear()
+    _algo.configure(mode, 1 << 18)  # exercise the large-message algorithms with 512 KiB messages
     big = torch.arange(1 << 17, dtype=torch.float32) * (rank + 1)  # 512 KiB
     want = torch.arange(1 << 17, dtype=torch.float32) * (size * (size + 1) // 2)
     assert torch.equal(comm.Allreduce(big, S.MPI_SUM), want), mode
@@ -156,9 +152,13 @@ for mode in ("mpi", "reduce_bcast", "auto"):
     yb = comm.Allreduce(bg, S.MPI_SUM)
     (yb * (rank + 1)).sum().backward()
     assert torch.equal(bg.grad, torch.full_like(big, size * (size + 1) // 2))
-os.environ.pop("MPIAD_ALLREDUCE")
-_raw._ALGO.clear()
-_raw.LARGE_BYTES = saved_large
+    # MPI_AVG: the sum divided by the size, forward and backward, on both algorithms
+    avg = comm.Allreduce(big, S.MPI_AVG)
+    assert torch.allclose(avg, want / size), mode
+    ag = big.clone().requires_grad_()
+    (comm.Allreduce(ag, S.MPI_AVG) * (rank + 1)).sum().backward()
+    assert torch.allclose(ag.grad, torch.full_like(big, (size + 1) / 2)), mode
+_algo.configure()
 
 # Reduce_scatter, default equal split
 x = torch.arange(2 * size, dtype=torch.float32) * (rank + 1)

@@ -26,6 +26,9 @@ from ._compat import (
 )
 from ._create import create_wm_tensor
 from ._embedding import SGD, Adagrad, Embedding, LazyAdam, RMSProp
+from ._graph import GraphStructure
+from ._graph_ops import unweighted_sample_without_replacement, weighted_sample_without_replacement
+from ._graph_sample import append_unique
 from ._io import create_wm_tensor_from_file, load_from_files, stat_filelist_element_count, store_to_files
 from ._lib import finalize_lib, init_lib
 from ._ops import gather, get_local_tensor, get_partition_plan, get_sub_tensor, get_tensor_view, scatter
@@ -39,6 +42,7 @@ __all__ = [
     "SGD",
     "Adagrad",
     "Embedding",
+    "GraphStructure",
     "LazyAdam",
     "RMSProp",
     "ChunkedTensor",
@@ -48,6 +52,7 @@ __all__ = [
     "WmTensorType",
     "__version__",
     "_wholemem",
+    "append_unique",
     "barrier",
     "communicator_from_mpi4py",
     "communicator_from_process_group",
@@ -73,4 +78,6 @@ __all__ = [
     "scatter",
     "stat_filelist_element_count",
     "store_to_files",
+    "unweighted_sample_without_replacement",
+    "weighted_sample_without_replacement",
 ]

@@ -139,3 +139,37 @@ def device_synchronize(device: int) -> None: ...
 def check_indices_device(idx: int, idx64: bool, n: int, nrows: int, device: int, stream: int) -> None: ...
 def host_register(addr: int, nbytes: int, device: int) -> int: ...
 def host_unregister(addr: int) -> None: ...
+
+# -- graph ops (csrc/graph_bindings.cpp) ------------------------------------------------
+
+class SampleArgs:
+    """One CSR sampling call as raw addresses (0 = absent)."""
+
+    row_ptr: int
+    num_nodes: int
+    num_edges: int
+    centers: int
+    centers64: bool
+    n: int
+    starts: int
+    ends: int
+    col: int
+    col64: bool
+    weights: int
+    weights64: bool
+    weight_offsets: int
+    k: int
+    seed: int
+    offsets: int
+    dest: int
+    center_local: int
+    edge_id: int
+    keys: int
+    def __init__(self) -> None: ...
+
+def csr_sample_offsets(args: SampleArgs) -> int: ...
+def csr_sample_fill(args: SampleArgs) -> None: ...
+def csr_sample_counts_cuda(args: SampleArgs, device: int, stream: int) -> None: ...
+def csr_sample_fill_cuda(args: SampleArgs, device: int, stream: int) -> None: ...
+def append_unique(targets: int, nt: int, neighbors: int, nn: int, ids64: bool, out: int, map: int = 0) -> int: ...
+def philox4x32_10(counter: list[int], key: list[int]) -> list[int]: ...

@@ -160,7 +160,8 @@ def async_save_state_dict(
         if comm.on and comm.size > 1:
             if process_group not in _groups:
                 ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
-                _groups[process_group] = dist.new_group(ranks=ranks, backend="gloo")
+                # created by the members alone: ranks outside a subgroup never call this
+                _groups[process_group] = dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True)
             comm = Comm(_groups[process_group])
         try:
             planned: Any = plan(state_dict, comm.rank, comm.size)

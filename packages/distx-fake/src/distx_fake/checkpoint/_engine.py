@@ -131,6 +131,10 @@ class DataFiles:
         self.direct = direct
         self.fds: dict[str, tuple[int, bool]] = {}
 
+    def handle(self, name: str) -> tuple[int, bool]:
+        """``(fd, direct)`` of a data file, opened on first use."""
+        return self._get(name)
+
     def _get(self, name: str) -> tuple[int, bool]:
         if "/" in name or name.startswith("."):
             raise CheckpointCorruptionError(f"invalid data file name {name!r} in metadata")

@@ -27,9 +27,8 @@ from distkit_common import dtypes as dk_dtypes
 
 from .. import _distx_fake as _native
 from ._boxes import Box, box_of, check_has_data
-from ._engine import DataFiles
-from ._loader import load_tensors
-from ._metadata import flatten, name_of, read_index
+from ._engine import BATCH_BYTES, DataFiles, verify
+from ._metadata import CheckpointCorruptionError, flatten, name_of, read_index
 from ._progress import progress
 
 INDEX = "model.safetensors.index.json"
@@ -358,26 +357,47 @@ def export_safetensors(
     os.makedirs(dst_s, exist_ok=True)
     total = sum(t[2] for t in tensors)
     bar = progress(progress_bar, 0, total, "export")
-    weight_map: dict[str, str] = {}
+    names = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
+    tmps = [os.path.join(dst_s, f"{n}.tmp-{secrets.token_hex(4)}") for n in names]
+    fds: list[int] = []
     try:
         with DataFiles(src_s, True) as files:
+            copy = _Copy(files, fds, sync)
             for k, shard in enumerate(shards):
-                fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-                _write_shard(os.path.join(dst_s, fname), shard, files, bar, sync)
-                weight_map.update(dict.fromkeys((n for n, _, _ in shard), fname))
+                fds.append(os.open(tmps[k], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+                raw = _header(shard)
+                os.pwrite(fds[k], raw, 0)
+                pos = len(raw)
+                for name, e, nbytes in shard:
+                    copy.add(name, e, k, pos, bar)
+                    pos += nbytes
+            copy.run(bar)
+        if sync:
+            for fd in fds:
+                _native.fsync_fd(fd)
+        for k, fd in enumerate(fds):
+            os.close(fd)
+            fds[k] = -1
+            os.replace(tmps[k], os.path.join(dst_s, names[k]))
+        weight_map = {n: names[k] for k, shard in enumerate(shards) for n, _, _ in shard}
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         _atomic_write(os.path.join(dst_s, INDEX), json.dumps(index, indent=2).encode(), sync)
         if sync:
             _native.fsync_path(dst_s)
+    except BaseException:
+        for k, fd in enumerate(fds):
+            if fd >= 0:
+                os.close(fd)
+                os.unlink(tmps[k])
+        raise
     finally:
         if bar is not None:
             bar.close()
     return index
 
 
-def _write_shard(
-    fname: str, shard: list[tuple[str, dict[str, Any], int]], files: DataFiles, bar: Any, sync: bool
-) -> None:
+def _header(shard: list[tuple[str, dict[str, Any], int]]) -> bytes:
+    """The length prefix and JSON header of one file (tensors back to back, in ``shard`` order)."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     at = 0
     for name, e, nbytes in shard:
@@ -385,29 +405,95 @@ def _write_shard(
         at += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as the safetensors writer does
-    tmp = f"{fname}.tmp-{secrets.token_hex(4)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        os.pwrite(fd, struct.pack("<Q", len(raw)) + raw, 0)
-        pos = 8 + len(raw)
-        for name, e, nbytes in shard:
-            # the whole tensor, assembled from every rank's chunks (each verified)
-            full = torch.empty(e["shape"], dtype=dk_dtypes.torch_dtype(e["dtype"]))
-            box = Box(full, tuple(e["shape"]), (0,) * len(e["shape"]), True, True)
-            load_tensors([((name,), e, box)], files, None)
-            if nbytes:
-                _native.write_pieces(fd, [(full.data_ptr(), nbytes, pos)], False)
-            pos += nbytes
-            if bar is not None:
-                bar.update(nbytes)
-        if sync:
-            _native.fsync_fd(fd)
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.replace(tmp, fname)
+    return struct.pack("<Q", len(raw)) + raw
+
+
+class _Copy:
+    """The saved pieces of the exported tensors and where their bytes go in the output files.
+
+    Each piece is read once and its bytes written straight to their places (one run for a
+    chunk that is a row block of its tensor, one per row for a column block) by the native
+    engine, reading and writing overlapped; the crc32c of every piece is checked afterwards,
+    before any output file gets its final name.
+    """
+
+    def __init__(self, files: DataFiles, dsts: list[int], sync: bool) -> None:
+        self.files = files
+        self.dsts = dsts  # the output fds, appended to as files are opened
+        self.sync = sync  # hand pages to the disk as they are written (the final fsync waits less)
+        self.sources: list[tuple[int, bool]] = []
+        self.source_of: dict[str, int] = {}
+        self.pieces: list[tuple[int, int, int]] = []
+        self.runs: list[tuple[int, int, int, int, int]] = []
+        self.expect: list[tuple[str, dict[str, Any], list[Any]]] = []
+        self.pending = 0
+
+    def add(self, name: str, e: dict[str, Any], dst: int, start: int, bar: Any) -> None:
+        """Plan the copy of tensor entry ``e`` to destination file ``dst`` at byte ``start``."""
+        shape = [int(s) for s in e["shape"]]
+        item = dk_dtypes.ITEMSIZE[e["dtype"]]
+        numel = 1
+        for s in shape:
+            numel *= s
+        covered = 0
+        for chunk in e["chunks"]:
+            sizes = [int(s) for s in chunk["sizes"]]
+            box = [(int(o), int(o) + z) for o, z in zip(chunk["offsets"], sizes)]
+            if len(box) != len(shape) or any(lo < 0 or hi > s for (lo, hi), s in zip(box, shape)):
+                raise CheckpointCorruptionError(f"tensor {name!r}: chunk box {box} outside its shape {shape}")
+            count = 1
+            for z in sizes:
+                count *= z
+            covered += count
+            if chunk["file"] not in self.source_of:
+                self.source_of[chunk["file"]] = len(self.sources)
+                self.sources.append(self.files.handle(chunk["file"]))
+            src = self.source_of[chunk["file"]]
+            segments = _segments(shape, box, item) if count else iter(())
+            seg_at, seg_left = 0, 0
+            chunk_bytes = 0
+            for p in chunk["pieces"]:
+                n = int(p[1])
+                if n == 0:
+                    continue
+                k = len(self.pieces)
+                self.pieces.append((src, int(p[0]), n))
+                self.expect.append((name, chunk, p))
+                at = 0
+                while at < n:
+                    if seg_left == 0:
+                        got = next(segments, None)
+                        if got is None:
+                            raise CheckpointCorruptionError(
+                                f"tensor {name!r}: {chunk['file']} holds more bytes than its chunk {box}"
+                            )
+                        seg_at, seg_left = got
+                    m = min(seg_left, n - at)
+                    self.runs.append((k, at, m, dst, start + seg_at))
+                    at += m
+                    seg_at += m
+                    seg_left -= m
+                chunk_bytes += n
+            if chunk_bytes != count * item:
+                raise CheckpointCorruptionError(
+                    f"tensor {name!r}: chunk {box} has {chunk_bytes} bytes in {chunk['file']}, expected {count * item}"
+                )
+        if covered != numel:
+            raise CheckpointCorruptionError(f"tensor {name!r}: its saved chunks hold {covered} of its {numel} elements")
+        self.pending += numel * item
+        if self.pending >= BATCH_BYTES:
+            self.run(bar)
+
+    def run(self, bar: Any) -> None:
+        """Copy what is planned so far; raise if a piece's crc32c does not match."""
+        if not self.pieces:
+            return
+        crcs = _native.copy_pieces(self.sources, self.dsts, self.pieces, self.runs, self.sync)
+        for (name, chunk, p), c in zip(self.expect, crcs):
+            verify(name, chunk, [p], [c])
+        if bar is not None:
+            bar.update(self.pending)
+        self.pieces, self.runs, self.expect, self.pending = [], [], [], 0
 
 
 def _atomic_write(fname: str, data: bytes, sync: bool) -> None:

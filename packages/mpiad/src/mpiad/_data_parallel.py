@@ -1,0 +1,255 @@
+"""``mpiad.DataParallel``: data-parallel training with bucketed, overlapped gradient averaging.
+
+What torch's DistributedDataParallel does, over an mpiad communicator: the
+gradients are grouped into buckets (25 MB by default, in reverse parameter
+order, so the first bucket fills first during backward); as soon as every
+gradient of a bucket has been accumulated, the bucket is averaged over the
+ranks with a non-blocking all-reduce (``MPI_AVG``) that runs on mpiad's worker
+thread while autograd computes the rest of the backward. Buckets start in
+bucket order on every rank (a bucket that is ready early waits for the ones
+before it), so the collectives match. At the end of backward every bucket is
+waited for and the averaged gradients are in ``p.grad``: call the optimizer.
+
+Parameters that get no gradient on a rank contribute zeros; a parameter that
+got none on any rank keeps ``grad is None`` (what single-process training
+gives). :meth:`DataParallel.no_sync` accumulates gradients locally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from . import _mpiad
+from ._checks import CODE, check_tensor
+from ._comm import Communicator
+from ._constants import MPI_AVG
+from ._errors import MpiadTypeError, MpiadValueError
+from ._signatures import NONBLOCKING, OP_ALLREDUCE, debug_check
+from ._staging import cuda_aware, sync_device, write_back
+
+Tensor = torch.Tensor
+
+
+class _Bucket:
+    """Gradients of some parameters (one dtype and device) in one flat buffer.
+
+    Layout: each parameter's gradient, then one "has a gradient" flag per
+    parameter; averaged over the ranks, a flag > 0 means some rank had one.
+    """
+
+    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+        self.params = params
+        self.offsets: list[int] = []
+        n = 0
+        for p in params:
+            self.offsets.append(n)
+            n += p.numel()
+        self.grad_numel = n
+        p0 = params[0]
+        self.flat = torch.zeros(n + len(params), dtype=p0.dtype, device=p0.device)
+        self.ready = 0
+        self.req: Any = None
+        self.host: Tensor | None = None  # pinned staging copy of a CUDA bucket (MPI not CUDA-aware)
+
+    def view(self, i: int) -> Tensor:
+        p = self.params[i]
+        return self.flat[self.offsets[i] : self.offsets[i] + p.numel()].view_as(p)
+
+    def reset(self) -> None:
+        self.ready = 0
+        self.req = None
+        self.host = None
+
+
+class DataParallel(torch.nn.Module):
+    """Wrap ``module`` for data-parallel training over ``comm`` (torch DDP's behaviour).
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The model; every rank must build the same parameters (names, shapes, dtypes).
+    comm : Communicator, optional
+        Default :data:`mpiad.COMM_WORLD`.
+    bucket_cap_mb : float
+        Bucket size in megabytes (10^6 bytes, as torch DDP), default 25.
+    broadcast_buffers : bool
+        Broadcast rank 0's buffers (e.g. BatchNorm statistics) before each forward.
+    init_sync : bool
+        Broadcast rank 0's parameters and buffers at construction, so every rank starts alike.
+
+    Raises
+    ------
+    TypeError
+        ``module`` is not a Module, ``comm`` not a Communicator.
+    ValueError
+        ``bucket_cap_mb`` not positive; the ranks' parameters differ (on every rank).
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        comm: Communicator | None = None,
+        *,
+        bucket_cap_mb: float = 25.0,
+        broadcast_buffers: bool = True,
+        init_sync: bool = True,
+    ) -> None:
+        super().__init__()
+        if not isinstance(module, torch.nn.Module):
+            raise MpiadTypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        if comm is None:
+            from . import COMM_WORLD
+
+            comm = COMM_WORLD
+        if not isinstance(comm, Communicator):
+            raise MpiadTypeError(f"comm must be an mpiad Communicator, got {type(comm).__name__}")
+        if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or not bucket_cap_mb > 0:
+            raise MpiadValueError(f"bucket_cap_mb must be a positive number, got {bucket_cap_mb!r}")
+        self.module = module
+        self.comm = comm
+        self.broadcast_buffers = bool(broadcast_buffers)
+        self._sync = True
+        self._callback_queued = False
+        params = [p for p in module.parameters() if p.requires_grad]
+        for i, p in enumerate(params):
+            check_tensor(p, f"parameter {i}")
+        self._check_same_parameters(params)
+        if init_sync:
+            with torch.no_grad():
+                for t in [*module.parameters(), *module.buffers()]:
+                    self.comm.Bcast_(t.data, 0)
+        self._buckets = self._make_buckets(params, int(bucket_cap_mb * 1e6))
+        self._next = 0  # the next bucket to start: buckets start in order
+        self._hooks = []
+        for b, bucket in enumerate(self._buckets):
+            for i, p in enumerate(bucket.params):
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._hook(b, i)))
+
+    # ----------------------------------------------------------- setup
+    def _check_same_parameters(self, params: list[torch.nn.Parameter]) -> None:
+        sig = [len(params)]
+        for p in params:
+            sig += [p.numel(), CODE[p.dtype]]
+        lengths = _mpiad.allgather_i64(self.comm.handle, [len(sig)])
+        if len(set(lengths)) == 1:
+            flat = _mpiad.allgather_i64(self.comm.handle, sig)
+            sigs = [flat[i : i + len(sig)] for i in range(0, len(flat), len(sig))]
+            if all(s == sigs[0] for s in sigs):
+                return
+        raise MpiadValueError(
+            "DataParallel: the ranks' models differ (number, sizes or dtypes of the parameters that require grad): "
+            f"{[n - 1 for n in lengths]} parameter(s) per rank"
+        )
+
+    @staticmethod
+    def _make_buckets(params: list[torch.nn.Parameter], cap: int) -> list[_Bucket]:
+        # reverse order: gradients become ready roughly from the last layer to the first
+        buckets: list[_Bucket] = []
+        cur: list[torch.nn.Parameter] = []
+        size = 0
+        for p in reversed(params):
+            nbytes = p.numel() * p.element_size()
+            if cur and (size + nbytes > cap or p.dtype != cur[0].dtype or p.device != cur[0].device):
+                buckets.append(_Bucket(cur))
+                cur, size = [], 0
+            cur.append(p)
+            size += nbytes
+        if cur:
+            buckets.append(_Bucket(cur))
+        return buckets
+
+    @property
+    def bucket_count(self) -> int:
+        """Number of gradient buckets."""
+        return len(self._buckets)
+
+    @property
+    def buckets(self) -> list[Tensor]:
+        """The buckets' flat buffers (gradients, then one has-a-gradient flag per parameter), in order."""
+        return [b.flat for b in self._buckets]
+
+    # ----------------------------------------------------------- forward
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.broadcast_buffers and self._sync:
+            with torch.no_grad():
+                for t in self.module.buffers():
+                    self.comm.Bcast_(t.data, 0)
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Inside: backward accumulates gradients locally (no communication), as DDP's no_sync."""
+        old, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = old
+
+    # ---------------------------------------------------------- backward
+    def _hook(self, b: int, i: int) -> Any:
+        def hook(p: Tensor) -> None:
+            if not self._sync:
+                return
+            if not self._callback_queued:
+                self._callback_queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            self._buckets[b].ready += 1
+            self._start_ready()
+
+        return hook
+
+    def _start_ready(self) -> None:
+        while self._next < len(self._buckets) and self._buckets[self._next].ready == len(
+            self._buckets[self._next].params
+        ):
+            self._start(self._buckets[self._next])
+            self._next += 1
+
+    def _start(self, bucket: _Bucket) -> None:
+        flat = bucket.flat
+        with torch.no_grad():
+            for i, p in enumerate(bucket.params):
+                view = bucket.view(i)
+                if p.grad is None:
+                    view.zero_()
+                    flat[bucket.grad_numel + i] = 0
+                else:
+                    if p.grad.data_ptr() != view.data_ptr():
+                        view.copy_(p.grad)
+                    flat[bucket.grad_numel + i] = 1
+        h = self.comm.handle
+        debug_check(h, OP_ALLREDUCE + NONBLOCKING, flat, MPI_AVG)
+        buf = flat
+        if flat.is_cuda:
+            if cuda_aware():
+                sync_device(flat)
+            else:
+                buf = bucket.host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+                buf.copy_(flat)
+        bucket.req = _mpiad.iallreduce(h, buf.data_ptr(), buf.data_ptr(), buf.nbytes, CODE[buf.dtype], MPI_AVG, buf)
+
+    def _finish(self) -> None:
+        """End of backward: start what is left (buckets with unused parameters), in
+        order; wait for every bucket; hand the averaged gradients to the parameters."""
+        self._callback_queued = False
+        try:
+            for bucket in self._buckets[self._next :]:
+                self._start(bucket)
+            for bucket in self._buckets:
+                bucket.req.wait()
+                if bucket.host is not None:
+                    write_back(bucket.flat, bucket.host)
+                flags = bucket.flat[bucket.grad_numel :].tolist()
+                for i, p in enumerate(bucket.params):
+                    if flags[i] > 0:
+                        # the gradient becomes a view of the bucket: the next backward
+                        # accumulates into the bucket directly (no copy at the next start)
+                        p.grad = bucket.view(i)
+        finally:
+            self._next = 0
+            for bucket in self._buckets:
+                bucket.reset()
