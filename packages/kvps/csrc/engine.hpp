@@ -140,6 +140,10 @@ class Engine {
     sh_.attach(shm_.values(rank_), meta_, rank_);
     pmeta_.resize(size_);
     for (int r = 0; r < size_; ++r) pmeta_[r] = reinterpret_cast<Meta*>(shm_.meta(r));
+    // every rank's records are ready before any peer serves a key in place
+    // (the constructor is collective: the Server's first call may do so)
+    shm_.publish();
+    distkit::mpi::check(MPI_Barrier(coll_), "MPI_Barrier");
     clocks_ = std::vector<std::atomic<int64_t>>(num_workers_);
     synced_ = std::vector<std::atomic<int64_t>>(num_workers_);
     for (auto& c : clocks_) c.store(0);
@@ -540,6 +544,7 @@ inline bool Engine::direct(int op, int64_t k, char* v) {
 }
 
 inline bool Engine::try_direct(int p, int op, int64_t k, char* v) {
+  if (!shm_.bell_of(p)->data_live.load(std::memory_order_acquire)) return false;  // not yet or no longer shared
   Meta& m = pmeta_[p][k];
   // a peer that died holding the lock must not hang us: give up when the
   // engine learns of the failure

@@ -161,7 +161,7 @@ class NodeShm {
     MPI_Barrier(node);  // everybody mapped every segment: drop the names
     if (shm) seg_.unlink();
     MPI_Comm_free(&node);
-    if (share_data) bell_->data_live.store(1);
+    shares_own_ = share_data;  // peers use it once publish() says its records are ready
     // who reaches whose shard in place: intent does not move a key between
     // two such ranks (it is served in place already)
     std::vector<uint8_t> mine_reach(size, 0);
@@ -190,6 +190,12 @@ class NodeShm {
   /// Every rank reaches every shard (one node, memory shared).
   bool all_reach() const { return all_reach_; }
   long idle_timeout_us() const { return idle_timeout_us_; }
+  /// Peers may use this rank's shard in place from now on: call once its
+  /// key records are initialised (a peer reading records still being
+  /// constructed would take a lock that is then reset under it).
+  void publish() {
+    if (shares_own_) bell_->data_live.store(1, std::memory_order_release);
+  }
   /// Peers stop using this rank's shard in place.
   void retire() {
     if (bell_) bell_->data_live.store(0);
@@ -207,6 +213,7 @@ class NodeShm {
   std::vector<Doorbell*> bells_;
   std::vector<char*> pmeta_, pvals_;
   bool any_peer_data_ = false;
+  bool shares_own_ = false;
   std::vector<uint8_t> reach_;
   bool all_reach_ = false;
   long idle_timeout_us_ = 100;
