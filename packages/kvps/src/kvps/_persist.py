@@ -34,6 +34,8 @@ from mpi4py import MPI
 from distkit_common import collective, fsio
 from distkit_common.dtypes import dtype_name
 
+from ._shard import wait_polling
+
 if TYPE_CHECKING:
     from ._shard import LocalShard
 
@@ -76,7 +78,7 @@ def _is_checkpoint(path: str) -> bool:
 
 def save(shard: LocalShard, path: Any) -> None:
     """Collective atomic save of a server's shards to directory ``path`` (see the module docstring)."""
-    comm = shard.comm
+    comm = shard.group
     rank = shard.rank
     target = os.fspath(path)
     shard.quiesce()
@@ -158,7 +160,7 @@ def load(shard: LocalShard, path: Any) -> None:
     """Collective load of the checkpoint in ``path`` (saved on any number of ranks)."""
     src = Path(path)
     shards: list[tuple[np.ndarray, np.ndarray]] = []
-    with collective.all_ranks(shard.comm, f"kvps load of {src}"):
+    with collective.all_ranks(shard.group, f"kvps load of {src}"):
         shards = _read_checkpoint(shard, src)
     slots = shard.slot_lengths
     shard.reset_ownership()
@@ -197,18 +199,18 @@ def save_distx(shard: LocalShard, path: Any) -> None:
     not on a torch process group); the other ranks wait for its verdict.
     """
     ckpt = _distx_checkpoint()  # every rank fails alike before any communication
-    comm = shard.comm
+    comm, group = shard.comm, shard.group
     shard.quiesce()
     keys = shard.owned_keys()
     raw = shard.read(keys).view(torch.uint8).numpy()
     # every rank's keys and raw slot bytes to rank 0, as plain buffers (no pickle)
-    nkeys = collective.allgather_json(len(keys), comm)
-    nbytes = collective.allgather_json(int(raw.nbytes), comm)
+    nkeys = collective.allgather_json(len(keys), group)
+    nbytes = collective.allgather_json(int(raw.nbytes), group)
     all_keys = np.empty(sum(nkeys), dtype=np.int64) if shard.rank == 0 else None
     all_raw = np.empty(sum(nbytes), dtype=np.uint8) if shard.rank == 0 else None
-    comm.Gatherv(keys, [all_keys, nkeys, MPI.INT64_T] if shard.rank == 0 else None, root=0)
-    comm.Gatherv(raw, [all_raw, nbytes, MPI.BYTE] if shard.rank == 0 else None, root=0)
-    with collective.all_ranks(comm, f"kvps save (distx format) to {path} on rank 0"):
+    wait_polling(comm.Igatherv(keys, [all_keys, nkeys, MPI.INT64_T] if shard.rank == 0 else None, root=0))
+    wait_polling(comm.Igatherv(raw, [all_raw, nbytes, MPI.BYTE] if shard.rank == 0 else None, root=0))
+    with collective.all_ranks(group, f"kvps save (distx format) to {path} on rank 0"):
         if shard.rank == 0:
             assert all_keys is not None and all_raw is not None
             slots = shard.slot_lengths
@@ -231,7 +233,7 @@ def load_distx(shard: LocalShard, path: Any) -> None:
     ckpt = _distx_checkpoint()
     mine = np.arange(shard.rank, shard.num_keys, shard.size, dtype=np.int64)
     vals = np.zeros(0, dtype=np.uint8)
-    with collective.all_ranks(shard.comm, f"kvps load (distx format) of {path}"):
+    with collective.all_ranks(shard.group, f"kvps load (distx format) of {path}"):
         vals = _read_distx(ckpt, shard, path, mine)
     shard.reset_ownership()
     shard.write(mine, vals)
