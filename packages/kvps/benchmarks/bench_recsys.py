@@ -124,7 +124,7 @@ def run_baseline(data: list, steps: int) -> tuple[float, int, list[float]]:
         loss.backward()
         allreduce_grads(params)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         peak = max(peak, comm.allreduce(pss_bytes()))
     dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
     return dt / steps, peak - base, losses
@@ -160,7 +160,7 @@ def run_kvps(data: list, steps: int, warm: int) -> tuple[float, int, list[float]
         loss.backward()  # the embedding gradients are pushed to the server here
         allreduce_grads(mlp)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if i % 10 == 0:
             peak = max(peak, comm.allreduce(pss_bytes()))
     dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)

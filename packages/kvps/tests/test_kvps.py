@@ -58,9 +58,9 @@ def test_checkpoint_distx_format(tmp_path: Path) -> None:
     """server.save(path, format="distx"): distx-fake's checkpoint, loadable into another rank count."""
     pytest.importorskip("distx_fake")
     ck = tmp_path / "ckpt"
-    res = run_mpi(str(SCRIPTS / "persist.py"), 3, args=("save", str(ck), "float32", "distx"), timeout=120)
+    res = run_mpi(str(SCRIPTS / "persist.py"), 3, args=("save", str(ck), "float32", "distx"), timeout=180)
     assert "persist save ok" in res.stdout
-    res = run_mpi(str(SCRIPTS / "persist.py"), 2, args=("load", str(ck), "float32", "3", "distx"), timeout=120)
+    res = run_mpi(str(SCRIPTS / "persist.py"), 2, args=("load", str(ck), "float32", "3", "distx"), timeout=180)
     assert "persist load ok" in res.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 

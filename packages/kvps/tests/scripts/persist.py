@@ -7,6 +7,7 @@ format: "kvps" (default) or "distx" (distx-fake's checkpoint format).
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 
@@ -18,6 +19,7 @@ from mpi4py import MPI
 import kvps
 from kvps import optim
 
+faulthandler.dump_traceback_later(150)  # diagnose a hang before the test's timeout
 MODE, PATH, DT = sys.argv[1], sys.argv[2], getattr(torch, sys.argv[3])
 FMT = sys.argv[4 if MODE == "save" else 5] if len(sys.argv) > (4 if MODE == "save" else 5) else "kvps"
 comm = MPI.COMM_WORLD
