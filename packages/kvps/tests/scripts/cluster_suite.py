@@ -25,6 +25,7 @@ from pathlib import Path
 from mpi4py import MPI
 
 HERE = Path(__file__).parent
+CKPT = sys.argv[1]  # (run() replaces sys.argv)
 comm = MPI.COMM_WORLD
 hosts = comm.allgather(socket.gethostname())
 assert comm.Get_size() == 4 and hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts
@@ -45,6 +46,6 @@ run("nodes.py")
 os.environ["KVPS_SHARED_MEMORY"] = "0"
 run("bags.py")
 del os.environ["KVPS_SHARED_MEMORY"]
-run("persist.py", "save", sys.argv[1], "float32")
+run("persist.py", "save", CKPT, "float32")
 if comm.Get_rank() == 0:
     print(f"cluster suite ok on {sorted(set(hosts))}", flush=True)
