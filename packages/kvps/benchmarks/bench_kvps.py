@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import sys
 import time
 
 import numpy as np
@@ -190,7 +192,49 @@ def matrix_factorisation() -> None:
     server.shutdown()
 
 
+def zipf_across_hosts(rounds: int) -> None:
+    """Ranks on 2 hosts x 2 (``bench_kvps_cluster.py`` launches this): Zipf with vs without intent.
+
+    Both variants run as kvps runs by default: co-located ranks share their
+    shards in memory, ranks on the other host are reached by messages over TCP.
+    Without intent every key homed on the other host costs a round trip per
+    pull and a message per push; with intent the keys worth moving are here
+    before the step needs them.
+    """
+    hosts = comm.allgather(socket.gethostname())
+    assert size == 4 and hosts[0] == hosts[1] != hosts[2] == hosts[3], f"needs 2 hosts x 2 ranks, got {hosts}"
+    nk = int(os.environ.get("KVPS_BENCH_ZIPF_KEYS", "200000"))
+    steps, batch, ahead = 300, 4096, 16
+    measured = steps - steps // 5
+    for per_rank, what in ((False, "hot keys shared by all ranks"), (True, "each rank its own hot keys")):
+        # alternate the variants and keep the medians (a noisy shared machine)
+        t_none, t_all = [], []
+        st: dict[str, int] = {}
+        for _ in range(rounds):
+            t_none.append(zipf_run("none", nk, steps, batch, ahead, per_rank, shm=True)[0])
+            t, st = zipf_run("all", nk, steps, batch, ahead, per_rank, shm=True)
+            t_all.append(t)
+        tn, ta = float(np.median(t_none)), float(np.median(t_all))
+        moved = st["intent_moved"] / max(1, st["intent_moved"] + st["intent_classic"])
+        r = tn / ta
+        emit(
+            f"Zipf(1.1) {nk // 1000}k keys x 64, batch 4096, {what}, 2 hosts x 2 ranks (TCP between hosts,"
+            " shared memory within): time without / with intent",
+            r,
+            ">= 2",
+            r >= 2,
+            steps_per_s_intent=measured / ta,
+            steps_per_s_classic=measured / tn,
+            share_of_intents_moved=moved,
+            ratio_min=float(min(a / b for a, b in zip(t_none, t_all))),
+            ratio_max=float(max(a / b for a, b in zip(t_none, t_all))),
+        )
+
+
 def main() -> None:
+    if "--zipf-across-hosts" in sys.argv:
+        zipf_across_hosts(int(os.environ.get("KVPS_BENCH_ROUNDS", "5")))
+        return
     local_and_remote()
     nk = int(os.environ.get("KVPS_BENCH_ZIPF_KEYS", "200000"))
     # intent is signalled 16 batches ahead (AdaPM's own apps signal it ~1000
