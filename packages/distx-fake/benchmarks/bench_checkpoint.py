@@ -38,8 +38,6 @@ import torch.distributed.checkpoint as dcp
 
 from distx_fake import checkpoint as cp
 
-GiB = 1 << 30
-
 
 def make_state(mib: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)

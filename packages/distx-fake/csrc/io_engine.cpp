@@ -1,6 +1,7 @@
 #include "io_engine.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -163,6 +164,9 @@ int64_t env_mib(const char* name, int64_t dflt) {
   return (mib > 0 && mib <= 256 ? mib : dflt) << 20;
 }
 const int64_t kReadBlock = env_mib("DISTX_IO_READ_BLOCK_MIB", 4);
+// Blocks copied from a source read through the page cache: small enough to stay in the CPU's
+// cache between the read, the checksum and the write.
+constexpr int64_t kCachedBlock = int64_t(512) << 10;
 const int64_t kIoBlock = std::max(env_mib("DISTX_IO_BLOCK_MIB", 8), kReadBlock);  // also the bounce size
 
 void full_pwrite(int fd, const uint8_t* p, int64_t n, int64_t off) {
@@ -436,6 +440,29 @@ class BufferPool {
 
 }  // namespace
 
+double cached_fraction(int fd) {
+  struct stat st;
+  distkit::check_errno(::fstat(fd, &st), distkit::str("fstat of fd ", fd));
+  if (!S_ISREG(st.st_mode) || st.st_size <= 0) return 0.0;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  // map and query at most 1 GiB at a time: the residency vector stays small (256 KiB)
+  const size_t window = size_t(1) << 30;
+  const size_t size = static_cast<size_t>(st.st_size);
+  std::vector<unsigned char> vec(window / page);
+  size_t resident = 0;
+  for (size_t at = 0; at < size; at += window) {
+    const size_t len = std::min(window, size - at);
+    void* p = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(at));
+    if (p == MAP_FAILED) return 0.0;
+    const size_t pages = (len + page - 1) / page;
+    const int rc = ::mincore(p, len, vec.data());
+    ::munmap(p, len);
+    if (rc != 0) return 0.0;
+    for (size_t i = 0; i < pages; ++i) resident += vec[i] & 1;
+  }
+  return static_cast<double>(resident) / static_cast<double>((size + page - 1) / page);
+}
+
 std::vector<uint32_t> copy_pieces(const std::vector<int>& src_fds, const std::vector<bool>& src_direct,
                                   const std::vector<int>& dst_fds, const std::vector<SourcePiece>& pieces,
                                   std::vector<Run> runs, bool writeback) {
@@ -482,29 +509,6 @@ std::vector<uint32_t> copy_pieces(const std::vector<int>& src_fds, const std::ve
       for (const auto& f : by_file)
         if (at < f.size()) order.push_back(f[at]);
   }
-  BufferPool pool(static_cast<size_t>(2 * (readers + writers)), static_cast<size_t>(kReadBlock));
-  std::mutex mu;
-  std::condition_variable cv_free;
-  std::vector<std::condition_variable> cv_full(static_cast<size_t>(writers));
-  std::vector<std::deque<Block>> full(static_cast<size_t>(writers));
-  bool readers_done = false, stop = false;
-  std::exception_ptr error;
-  auto fail = [&](std::exception_ptr e) {
-    {
-      std::lock_guard<std::mutex> lk(mu);
-      if (!error) error = e;
-      stop = true;
-    }
-    cv_free.notify_all();
-    for (auto& cv : cv_full) cv.notify_all();
-  };
-  auto release = [&](uint8_t* buf) {
-    {
-      std::lock_guard<std::mutex> lk(mu);
-      pool.free_.push_back(buf);
-    }
-    cv_free.notify_one();
-  };
   std::vector<size_t> cursor(first.begin(), first.end() - 1);  // next run of each piece
 
   auto write_block = [&](const Block& blk) {
@@ -528,6 +532,64 @@ std::vector<uint32_t> copy_pieces(const std::vector<int>& src_fds, const std::ve
     // little left, and the disk writes while later blocks are read
     if (writeback && span_hi > span_lo)
       ::sync_file_range(dst_fds[dst_of[blk.piece]], span_lo, span_hi - span_lo, SYNC_FILE_RANGE_WRITE);
+  };
+
+  // Sources read through the page cache (they are there already, or the filesystem has no
+  // O_DIRECT): the thread that reads a block also checksums it and writes it, while it is still
+  // in the CPU's cache. Handing blocks to writer threads pays off only when reads wait for the
+  // disk; for cached data it costs a trip of every block through memory and a thread switch.
+  if (std::none_of(src_direct.begin(), src_direct.end(), [](bool d) { return d; })) {
+    std::atomic<int64_t> next{0};
+    std::atomic<bool> failed{false};
+    std::function<void(int)> task = [&](int) {
+      thread_local std::vector<uint8_t> buf;
+      if (buf.size() < static_cast<size_t>(kCachedBlock)) buf.resize(static_cast<size_t>(kCachedBlock));
+      try {
+        for (int64_t n; !failed.load() && (n = next.fetch_add(1)) < np;) {
+          const int64_t i = order[static_cast<size_t>(n)];
+          const SourcePiece& pc = pieces[i];
+          uint32_t crc = 0;
+          for (int64_t pos = pc.offset, end = pc.offset + pc.nbytes; pos < end;) {
+            const int64_t len = std::min(kCachedBlock, end - pos);
+            pread_at_least(src_fds[pc.src], buf.data(), len, len, pos);
+            crc = crc32c(buf.data(), static_cast<size_t>(len), crc);
+            if (dst_of[i] >= 0) write_block({buf.data(), 0, i, pos, pos + len});
+            pos += len;
+          }
+          crcs[i] = crc;
+        }
+      } catch (...) {
+        failed = true;  // the other threads stop at their next piece
+        throw;
+      }
+    };
+    // the copies are CPU work: more threads than cores only take turns
+    const int parts = std::max(1, std::min(readers, static_cast<int>(std::thread::hardware_concurrency())));
+    io_pool().run(parts, task);  // rethrows the first error once every thread stopped
+    return crcs;
+  }
+  BufferPool pool(static_cast<size_t>(2 * (readers + writers)), static_cast<size_t>(kReadBlock));
+  std::mutex mu;
+  std::condition_variable cv_free;
+  std::vector<std::condition_variable> cv_full(static_cast<size_t>(writers));
+  std::vector<std::deque<Block>> full(static_cast<size_t>(writers));
+  bool readers_done = false, stop = false;
+  std::exception_ptr error;
+  auto fail = [&](std::exception_ptr e) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      if (!error) error = e;
+      stop = true;
+    }
+    cv_free.notify_all();
+    for (auto& cv : cv_full) cv.notify_all();
+  };
+  auto release = [&](uint8_t* buf) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      pool.free_.push_back(buf);
+    }
+    cv_free.notify_one();
   };
   std::vector<std::thread> pool_writers;
   for (int w = 0; w < writers; ++w)

@@ -50,12 +50,18 @@ struct Run {
 /// Copy every source piece to its runs in the destination files, on the I/O thread pool: each
 /// piece is read once (O_DIRECT sources as whole aligned blocks into an aligned buffer, others
 /// with pread) in blocks, checksummed, and its bytes pwritten straight to their destinations
-/// while other threads read; reading and writing overlap. With `writeback`, the pages written
+/// while other threads read; reading and writing overlap. When no source is O_DIRECT (read
+/// through the page cache) each thread reads, checksums and writes its own small blocks
+/// instead, without handing them on. With `writeback`, the pages written
 /// are handed to the disk as each block is done (sync_file_range), ahead of a final fsync.
 /// Returns the crc32c of each piece.
 std::vector<uint32_t> copy_pieces(const std::vector<int>& src_fds, const std::vector<bool>& src_direct,
                                   const std::vector<int>& dst_fds, const std::vector<SourcePiece>& pieces,
                                   std::vector<Run> runs, bool writeback);
+/// Fraction (0..1) of the pages of an open file that are in the page cache now (mincore of a
+/// read-only mapping); 0 for an empty or non-regular file or where it cannot be told. Throws
+/// OSError for a bad descriptor.
+double cached_fraction(int fd);
 /// fsync a file descriptor / a path (file or directory).
 void fsync_fd(int fd);
 void fsync_path(const std::string& path);

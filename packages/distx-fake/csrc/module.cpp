@@ -98,6 +98,13 @@ PYBIND11_MODULE(_distx_fake, m) {
       "(piece, at, nbytes, dst, offset) runs in the `dsts` fds, reading each piece once "
       "(`writeback`: start writing the pages to disk as they are done); returns each piece's crc32c.");
   m.def(
+      "cached_fraction",
+      [](int fd) {
+        distkit::nogil release;
+        return distx::cached_fraction(fd);
+      },
+      py::arg("fd"), "Fraction (0..1) of an open file's pages in the page cache now.");
+  m.def(
       "fsync_fd",
       [](int fd) {
         distkit::nogil release;

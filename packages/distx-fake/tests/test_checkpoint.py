@@ -20,7 +20,7 @@ from distkit_common.testing import run_spawn
 from distx_fake import checkpoint as cp
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE / "workers"))
+sys.path.insert(0, str(HERE / "scripts"))
 import ckpt_workers  # noqa: E402
 
 
@@ -99,6 +99,27 @@ def test_roundtrip_all_kinds(tmp_path: Path) -> None:
     assert torch.equal(block.tensor[:, 10:], torch.zeros(50, 10))
 
 
+def test_reads_through_the_page_cache_only_when_the_file_is_there(tmp_path: Path) -> None:
+    from distx_fake.checkpoint import _engine
+
+    sd = {"w": torch.arange(1 << 20, dtype=torch.float32)}
+    cp.save_state_dict(sd, cp.FileSystemWriter(tmp_path / "cold"))  # O_DIRECT: not in the cache
+    cp.save_state_dict(sd, cp.FileSystemWriter(tmp_path / "warm", direct=False))  # buffered: cached
+    modes = {}
+    for name in ("cold", "warm"):
+        fd, direct = _engine.open_for_reading(str(tmp_path / name / "rank0.bin"), True)
+        os.close(fd)
+        modes[name] = direct
+        out = {"w": torch.zeros(1 << 20)}
+        cp.load_state_dict(out, cp.FileSystemReader(tmp_path / name))
+        assert torch.equal(out["w"], sd["w"])
+    if modes["cold"]:  # the filesystem takes O_DIRECT (tmpfs does not)
+        assert modes == {"cold": True, "warm": False}
+    fd, direct = _engine.open_for_reading(str(tmp_path / "warm" / "rank0.bin"), False)  # never direct unless asked
+    os.close(fd)
+    assert direct is False
+
+
 def test_progress_bar_only_when_asked_or_on_a_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sd = {"w": torch.arange(1 << 16, dtype=torch.float32)}
     cp.save_state_dict(sd, cp.FileSystemWriter(tmp_path / "q"))  # stderr is not a terminal: quiet
@@ -159,7 +180,7 @@ def test_killed_writer_leaves_previous_checkpoint(tmp_path: Path) -> None:
     good = {f"t{i}": torch.full((1000,), float(i)) for i in range(3)}
     cp.save_state_dict(good, cp.FileSystemWriter(ck))
     with subprocess.Popen(
-        [sys.executable, str(HERE / "workers" / "kill_writer.py"), str(ck)],
+        [sys.executable, str(HERE / "scripts" / "kill_writer.py"), str(ck)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

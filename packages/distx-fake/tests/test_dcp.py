@@ -18,7 +18,7 @@ from distkit_common.testing import run_spawn
 from distx_fake import checkpoint as cp
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE / "workers"))
+sys.path.insert(0, str(HERE / "scripts"))
 import dcp_workers  # noqa: E402
 
 

@@ -78,9 +78,34 @@ def test_native_bad_input(tmp_path: Path) -> None:
         nat.write_pieces(-1, [(buf.data_ptr(), 16, 0)])
     with pytest.raises(OSError):
         nat.fsync_path(str(tmp_path / "missing"))
+    with pytest.raises(OSError, match="fstat"):
+        nat.cached_fraction(-1)
     st = torch.zeros(10, dtype=torch.uint8)
     with pytest.raises(ValueError, match="5056 bytes"):
         nat.mt19937_advance(st.data_ptr(), st.numel(), 1)
+
+
+def test_cached_fraction_follows_the_page_cache(tmp_path: Path) -> None:
+    f = tmp_path / "c.bin"
+    f.write_bytes(os.urandom(4 << 20))  # just written: in the page cache
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        assert nat.cached_fraction(fd) == 1.0
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        cold = nat.cached_fraction(fd)
+        assert cold < 0.5  # evicted (a page or two may come back through readahead of others)
+        os.pread(fd, 2 << 20, 0)  # read the first half through the cache
+        assert 0.45 <= nat.cached_fraction(fd) <= 1.0
+        assert nat.cached_fraction(fd) > cold
+    finally:
+        os.close(fd)
+    (tmp_path / "empty.bin").write_bytes(b"")
+    fd = os.open(tmp_path / "empty.bin", os.O_RDONLY)
+    try:
+        assert nat.cached_fraction(fd) == 0.0
+    finally:
+        os.close(fd)
 
 
 def test_mt19937_advance_matches_raw_draws() -> None:

@@ -17,7 +17,7 @@ from distx_fake import checkpoint as cp
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE / "workers"))
+sys.path.insert(0, str(HERE / "scripts"))
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -207,7 +207,7 @@ def test_llama_deferred_trained_on_two_ranks_exported_then_from_pretrained_gives
     # a fresh process: the export CLI, then from_pretrained gives the trained model's logits
     out = str(tmp_path / "logits")
     r = subprocess.run(
-        [sys.executable, str(HERE / "workers" / "hf_workers.py"), ck, dst, out],
+        [sys.executable, str(HERE / "scripts" / "hf_workers.py"), ck, dst, out],
         capture_output=True,
         text=True,
         timeout=300,

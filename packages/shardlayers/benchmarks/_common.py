@@ -8,6 +8,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,15 +38,59 @@ def timeit(fn: Callable[[], Any], reps: int) -> float:
     return statistics.median(times)
 
 
-def compare(fa: Callable[[], Any], fb: Callable[[], Any], reps: int) -> tuple[float, float]:
-    """Best wall times of ``fa`` and ``fb``, measured interleaved (a, b, a, b, ...) so that load
-    changes on a shared machine hit both alike (the minimum is the least noisy estimate there)."""
-    ta: list[float] = []
-    tb: list[float] = []
+@dataclass
+class Timing:
+    """One side of paired runs: wall seconds and this process's CPU seconds (all its threads:
+    compute and gloo's) per run."""
+
+    walls: list[float]
+    cpus: list[float]
+
+    @property
+    def wall(self) -> float:
+        return statistics.median(self.walls)
+
+    @property
+    def cpu(self) -> float:
+        return statistics.median(self.cpus)
+
+
+def interleave(fns: list[Callable[[], Any]], reps: int) -> list[Timing]:
+    """Time every function of ``fns`` in turn, ``reps`` rounds (a, b, a, b, ...), so that load
+    changes on a shared machine hit all alike; quote the medians."""
+    out = [Timing([], []) for _ in fns]
     for _ in range(reps):
-        ta.append(timeit(fa, 1))
-        tb.append(timeit(fb, 1))
-    return min(ta), min(tb)
+        for fn, t in zip(fns, out):
+            c0 = time.process_time()
+            t.walls.append(timeit(fn, 1))
+            t.cpus.append(time.process_time() - c0)
+    return out
+
+
+@dataclass
+class Paired:
+    """Medians of paired runs of A and B (wall and CPU seconds)."""
+
+    a: Timing
+    b: Timing
+
+    @property
+    def wall_a(self) -> float:
+        return self.a.wall
+
+    @property
+    def wall_b(self) -> float:
+        return self.b.wall
+
+    @property
+    def cpu_ratio(self) -> float:
+        return self.a.cpu / self.b.cpu
+
+
+def compare(fa: Callable[[], Any], fb: Callable[[], Any], reps: int) -> Paired:
+    """:func:`interleave` of two functions."""
+    a, b = interleave([fa, fb], reps)
+    return Paired(a, b)
 
 
 def _status(key: str) -> int:
@@ -66,6 +111,29 @@ def peak_extra_bytes(fn: Callable[[], Any]) -> int:
     before = _status("VmRSS")
     fn()
     return _status("VmHWM") - before
+
+
+def peak_tracked_bytes(fn: Callable[[], Any]) -> int:
+    """Peak of live CPU tensor bytes allocated while running ``fn``, above what was live before.
+
+    Every allocation and free of c10's CPU allocator is reported to ``torch.profiler`` with the
+    running total of the bytes allocated since profiling started (``total_allocated``): the peak
+    of that total counts every tensor of the step, autograd's saved tensors and library-internal
+    temporaries (DTensor's) included, independent of how the C library's heap caches memory.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    peak = 0
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        extra = node.extra_fields
+        if type(extra).__name__ == "_ExtraFields_Allocation" and extra.device.type == "cpu":
+            peak = max(peak, int(extra.total_allocated))
+        stack.extend(node.children)
+    return peak
 
 
 def bench_line(name: str, ratio: float, goal: str, limit: float, unit: str = "x", **extra: Any) -> str:

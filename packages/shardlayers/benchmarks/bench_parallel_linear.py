@@ -56,7 +56,8 @@ def main() -> None:
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-4), (a - b).abs().max()
     run(ours)
     run(theirs)
-    t_ours, t_theirs = compare(lambda: run(ours), lambda: run(theirs), 15)
+    res = compare(lambda: run(ours), lambda: run(theirs), 15)
+    t_ours, t_theirs = res.wall_a, res.wall_b
     if rank == 0:
         print(f"# shardlayers {t_ours * 1e3:.1f} ms, DTensor {t_theirs * 1e3:.1f} ms")
         print(
@@ -67,6 +68,7 @@ def main() -> None:
                 1.0,
                 ms=round(t_ours * 1e3, 2),
                 ms_anchor=round(t_theirs * 1e3, 2),
+                cpu_time_ratio=round(res.cpu_ratio, 3),
             )
         )
     finish()

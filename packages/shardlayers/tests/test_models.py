@@ -20,16 +20,9 @@ from scripts import llama
 
 @pytest.mark.spawn
 @pytest.mark.slow
-def test_llama_tp2_plan_sequence_parallel_deferred_dtensor_plan_errors() -> None:
-    """TP=2, 10 steps each: eager weights; sequence parallel from deferred_init (no full weight
-    built); the DTensor-style plan; bad plans raise before any change."""
-    run_spawn(llama.tp2_body, 2, timeout=240)
-
-
-@pytest.mark.spawn
-@pytest.mark.slow
-def test_llama_tp2_dp2_train_save_reload_tp4_tp1(tmp_path: object) -> None:
-    """TP=2 x DP=2 with DDP, 10 steps == one process; sharded checkpoints (distx-fake and DCP) load
-    at TP=4, TP=1 and into a plain model in this process: same logits."""
-    run_spawn(llama.tp2dp2_body, 4, args=(str(tmp_path),), timeout=300)
-    llama.load_in_one_process(str(tmp_path))
+def test_llama_tp2_sp_deferred_dtensor_plan_errors_tp2_dp2_save_reload(tmp_path: object) -> None:
+    """4 processes. TP=2, 10 steps each: eager weights; sequence parallel from deferred_init (no
+    full weight built); the DTensor-style plan; bad plans raise before any change. Then TP=2 x
+    DP=2 with DDP, 10 steps == one process; sharded checkpoints (distx-fake and DCP) load at TP=4,
+    TP=1 and into a plain model in one process: same logits."""
+    run_spawn(llama.body, 4, args=(str(tmp_path),), timeout=420)

@@ -167,6 +167,65 @@ def test_slice() -> None:
         ts.slice([1, 2], 2)  # type: ignore[arg-type]
 
 
+def _torchshard_slice(tensor: torch.Tensor, num_partitions: int, dim: int, contiguous: bool) -> tuple:
+    """TorchShard's rule (torchshard/_tensor.py): assert the size divides, then
+    ``torch.split(tensor, size // num_partitions, dim)``, optionally made contiguous."""
+    n = tensor.shape[dim]
+    assert n % num_partitions == 0
+    chunks = torch.split(tensor, n // num_partitions, dim=dim)
+    return tuple(c.contiguous() for c in chunks) if contiguous else chunks
+
+
+@pytest.mark.parametrize("shape", [(3, 10), (4, 6, 8), (12,), (2, 1, 6, 4)])
+def test_slice_matches_torchshard_on_every_even_split(shape: tuple[int, ...]) -> None:
+    """Every dim (positive and negative), every dividing partition count, contiguous or not: the
+    same chunks as TorchShard's slice, as views of the input when not made contiguous."""
+    x = torch.arange(float(torch.Size(shape).numel())).reshape(shape)
+    x = x.transpose(0, -1) if x.dim() > 1 else x  # a non-contiguous input too
+    checked = 0
+    for dim in range(-x.dim(), x.dim()):
+        n = x.shape[dim]
+        for parts in range(1, n + 1):
+            if n % parts:
+                with pytest.raises(ValueError, match="not divisible"):  # TorchShard: AssertionError
+                    ts.slice(x, parts, dim=dim)
+                continue
+            for contiguous in (False, True):
+                ours = ts.slice(x, parts, dim=dim, contiguous=contiguous)
+                theirs = _torchshard_slice(x, parts, dim, contiguous)
+                assert isinstance(ours, tuple) and len(ours) == len(theirs) == parts
+                for a, b in zip(ours, theirs):
+                    assert a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
+                    assert a.is_contiguous() or not contiguous
+                    if not contiguous:  # views, as torch.split's
+                        assert (
+                            a.data_ptr() == b.data_ptr()
+                            and a.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+                        )
+                # uneven=True changes nothing when the size divides
+                again = ts.slice(x, parts, dim=dim, contiguous=contiguous, uneven=True)
+                assert all(torch.equal(a, b) and a.shape == b.shape for a, b in zip(again, ours))
+                checked += 1
+    assert checked > 0
+
+
+def test_slice_uneven_is_torch_chunk() -> None:
+    """uneven=True (an extension: TorchShard cannot split sizes that do not divide) cuts as
+    torch.chunk / DTensor Shard: ceil(n/p) per chunk, the last ones smaller or empty."""
+    for n in range(1, 12):
+        x = torch.arange(float(n))
+        for parts in range(1, 6):
+            got = [c.numel() for c in ts.slice(x, parts, dim=0, uneven=True)]
+            chunk = -(-n // parts)
+            expect = [max(0, min(chunk, n - i * chunk)) for i in range(parts)]
+            assert got == expect, (n, parts, got)
+            assert torch.equal(torch.cat(ts.slice(x, parts, dim=0, uneven=True)), x)
+            # torch.chunk gives the same non-empty chunks (it drops empty ones)
+            assert [c.numel() for c in torch.chunk(x, parts)] == [s for s in expect if s]
+    assert [c.numel() for c in ts.slice(torch.empty(10), 4, dim=0, uneven=True)] == [3, 3, 3, 1]
+    assert [c.numel() for c in ts.slice(torch.empty(5), 4, dim=0, uneven=True)] == [2, 2, 1, 0]
+
+
 def test_tags_single_process() -> None:
     data = torch.empty(20, 30)
     assert ts.get_parallel_dim(data) is None

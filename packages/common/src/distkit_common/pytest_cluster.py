@@ -79,6 +79,7 @@ def simulated_cluster() -> Iterator[_cluster.Cluster]:
         c = _cluster.current()
         if c is None:
             pytest.skip(SKIP_PREFIX + "inside a cluster job, but no cluster is up")
+        assert c is not None  # pytest.skip does not return
         yield c
         return
     reason = skip_reason()

@@ -7,7 +7,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import shardlayers as ts
-from distkit_common.testing import init_process_group
 
 try:
     from scripts import torchshard_compat
@@ -124,6 +123,67 @@ def check_megatron(p: int, r: int) -> None:
             # each rank's input chunk gets the gradient of its own sequence chunk
             close(shard(xl.grad, 0, p, r), shard(xr.grad, 0, p, r), what="sp dx")
             close(xl.grad.abs().sum(), shard(xl.grad, 0, p, r).abs().sum(), what="sp dx elsewhere zero")
+
+
+class _CountAllReduce:
+    """Counts torch.distributed.all_reduce calls while active."""
+
+    def __enter__(self) -> _CountAllReduce:
+        self.calls = 0
+        self._orig = torch.distributed.all_reduce
+
+        def counting(*args: object, **kwargs: object) -> object:
+            self.calls += 1
+            return self._orig(*args, **kwargs)
+
+        torch.distributed.all_reduce = counting
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.distributed.all_reduce = self._orig
+
+
+def check_shared_input_gradient(p: int, r: int) -> None:
+    """Column layers reading one tensor (q/k/v) share one input-gradient all-reduce; the
+    gradients equal the single-process ones, also when a reader's output is unused and after a
+    second backward through the retained graph; readers of different tensors do not share."""
+    d = torch.float64
+    torch.manual_seed(4)
+    refs = [nn.Linear(8, 12, dtype=d) for _ in range(3)]
+    torch.manual_seed(4)
+    cols = [ts.nn.ColumnParallelLinear(8, 12, gather_output=False, dtype=d) for _ in range(3)]
+    x = torch.randn(5, 8, dtype=d)
+    gys = [torch.randn(5, 12, dtype=d) for _ in range(3)]
+    for overlap, used in ((True, 3), (True, 2), (False, 3)):  # the last reader's output unused / no overlap
+        ts.nn.functional.OVERLAP_GRAD_ALLREDUCE = overlap
+        xr = x.clone().requires_grad_(True)
+        sum((ref(xr) * gy).sum() for ref, gy in zip(refs[:used], gys)).backward()
+        xl = x.clone().requires_grad_(True)
+        h = xl * 1.0  # a non-leaf input, as inside a model
+        outs = [c(h) for c in cols]
+        loss = sum((o * shard(gy, -1, p, r)).sum() for o, gy in zip(outs[:used], gys))
+        # a gradient of weights only first (the region's sum is not taken), then the full backward
+        (gw,) = torch.autograd.grad(loss, [cols[0].weight], retain_graph=True)
+        with _CountAllReduce() as count:
+            loss.backward(retain_graph=True)
+        assert count.calls == (1 if p > 1 else 0), f"{count.calls} input-gradient all-reduces for 3 readers"
+        close(xl.grad, xr.grad, what=f"shared dx ({used} used, overlap={overlap})")
+        close(gw, cols[0].weight.grad, what="weight-only gradient")
+        for c, ref in zip(cols[:used], refs):
+            close(c.weight.grad, shard(ref.weight.grad, 0, p, r), what="shared dw")
+        loss.backward()  # the retained graph: the region is reusable
+        close(xl.grad, 2 * xr.grad, what="shared dx, second backward")
+        for m in (*cols, *refs):
+            m.zero_grad()
+    ts.nn.functional.OVERLAP_GRAD_ALLREDUCE = True
+    # readers of different tensors do not share
+    xr = x.clone().requires_grad_(True)
+    (refs[0](xr * 1.0).sum() + refs[1](xr * 2.0).sum()).backward()
+    xl = x.clone().requires_grad_(True)
+    with _CountAllReduce() as count:
+        (cols[0](xl * 1.0).sum() + cols[1](xl * 2.0).sum()).backward()
+    assert count.calls == (2 if p > 1 else 0), count.calls
+    close(xl.grad, xr.grad, what="dx of two regions")
 
 
 def check_embedding(p: int, r: int) -> None:
@@ -348,17 +408,22 @@ def check_tags_and_errors(p: int, r: int) -> None:
     assert ts.distributed.get_group_size() == p and ts.distributed.get_rank() == r
 
 
-def body(rank: int, size: int, store: str) -> None:
-    init_process_group(rank, size, store)
-    torch.set_num_threads(1)
-    ts.distributed.init_process_group(size)
-    assert ts.distributed.get_world_size() == size
-    check_linear(size, rank)
-    check_megatron(size, rank)
-    check_embedding(size, rank)
-    check_cross_entropy(size, rank)
-    check_state_dict_and_convert(size, rank)
-    check_tags_and_errors(size, rank)
-    torchshard_compat.checks(size, rank)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+def run(world: int) -> None:
+    """Every check at every tensor-parallel size dividing the world (1, 2, 4): at TP size p the
+    world holds world/p independent TP groups running the same checks (the TorchShard checks'
+    broadcasts from global rank 0 and world all-gathers included)."""
+    assert ts.distributed.get_world_size() == world
+    for p in (1, 2, 4):
+        if world % p:
+            continue
+        ts.distributed.init_process_group(p)
+        r = ts.distributed.get_rank()
+        check_linear(p, r)
+        check_megatron(p, r)
+        check_shared_input_gradient(p, r)
+        check_embedding(p, r)
+        check_cross_entropy(p, r)
+        check_state_dict_and_convert(p, r)
+        check_tags_and_errors(p, r)
+        torchshard_compat.checks(p, r)
+        torch.distributed.barrier()

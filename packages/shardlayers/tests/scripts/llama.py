@@ -1,7 +1,8 @@
-"""Spawned bodies: a Hugging Face LlamaForCausalLM parallelized with ts.llama_plan, trained 10
-steps against the single-process model (logits, loss, every gradient to 1e-5), with and without
-sequence parallel, from deferred_init (no full weight ever built), in TP=2 and TP=2 x DP=2; the
-DTensor-style plan; plan errors; sharded checkpoints reloaded at TP=4 and TP=1."""
+"""Spawned body (4 processes): a Hugging Face LlamaForCausalLM parallelized with ts.llama_plan,
+trained 10 steps against the single-process model (logits, loss, every gradient to 1e-5), with
+and without sequence parallel, from deferred_init (no full weight ever built), in TP=2 and
+TP=2 x DP=2; the DTensor-style plan; plan errors; sharded checkpoints reloaded at TP=4, TP=1
+and in one process."""
 
 from __future__ import annotations
 
@@ -186,21 +187,20 @@ def dtensor_plan() -> dict[str, object]:
     }
 
 
-def tp2_body(rank: int, size: int, store: str) -> None:
-    """TP=2: eager without sequence parallel; deferred_init with sequence parallel; DTensor plan; errors."""
-    init_process_group(rank, size, store)
-    torch.set_num_threads(1)
-    ts.distributed.init_process_group(size)
+def run_tp2(pair: int) -> None:
+    """TP=2 (shardlayers' groups of 2 already made). The two TP pairs of the 4 processes share the
+    training scenarios: pair 0 eager without sequence parallel, pair 1 from deferred_init with
+    sequence parallel; both then run the DTensor plan and the plan errors."""
     cfg = config(2)
-    for sp, deferred in ((False, False), (True, True)):
-        ref = build(cfg, 0)
-        model = build(cfg, 0, deferred)
-        sharded = [n for n, prm in model.named_parameters() if prm.dim() == 2]
-        pending = pending_closures(model, sharded) if deferred else {}
-        ts.parallelize_module(model, ts.llama_plan(sequence_parallel=sp), make_vocab_size_divisible_by=8)
-        for name, nodes in pending.items():  # the ops building a full weight never ran
-            assert nodes and not any(node.done for node in nodes), f"{name} was materialized whole"
-        train(model, ref, torch.Generator().manual_seed(1), f"tp2 sp={sp} deferred={deferred}")
+    sp, deferred = (False, False) if pair == 0 else (True, True)
+    ref = build(cfg, 0)
+    model = build(cfg, 0, deferred)
+    sharded = [n for n, prm in model.named_parameters() if prm.dim() == 2]
+    pending = pending_closures(model, sharded) if deferred else {}
+    ts.parallelize_module(model, ts.llama_plan(sequence_parallel=sp), make_vocab_size_divisible_by=8)
+    for name, nodes in pending.items():  # the ops building a full weight never ran
+        assert nodes and not any(node.done for node in nodes), f"{name} was materialized whole"
+    train(model, ref, torch.Generator().manual_seed(1), f"tp2 sp={sp} deferred={deferred}")
     # a DTensor plan ports by changing the import (and DTensor's call order works)
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -214,20 +214,35 @@ def tp2_body(rank: int, size: int, store: str) -> None:
     close(full_logits(out.logits), out_ref.logits, 1e-5, 1e-5, "dtensor plan logits")
     close(out.loss, out_ref.loss, 1e-5, 1e-5, "dtensor plan loss")
     compare_grads(model, ref, "dtensor plan")
-    check_errors(size)
+    check_errors(ts.distributed.get_group_size())
+
+
+def body(rank: int, size: int, store: str, folder: str) -> None:
+    """The spawned suite of test_models.py on 4 processes: the TP=2 scenarios (split between the
+    two TP pairs), then TP=2 x DP=2 with checkpoints reloaded at TP=4 and TP=1, then (rank 0, the
+    process groups gone) the checkpoint in one process. One start-up for all: importing torch and
+    transformers costs each process more CPU than these tiny models' training."""
+    init_process_group(rank, size, store)
+    torch.set_num_threads(1)
+    assert size == 4
+    ts.distributed.init_process_group(2)
+    run_tp2(ts.distributed.get_data_parallel_rank())
     dist.barrier()
+    run_tp2dp2(rank, folder)
+    dist.barrier()
+    ts.distributed.destroy_process_group()
     dist.destroy_process_group()
+    if rank == 0:
+        load_in_one_process(folder)
 
 
-def tp2dp2_body(rank: int, size: int, store: str, folder: str) -> None:
+def run_tp2dp2(rank: int, folder: str) -> None:
     """TP=2 x DP=2 (DDP over the data-parallel group), sequence parallel; sharded checkpoints
     saved with distx_fake.checkpoint and DCP, reloaded at TP=4 and TP=1: same logits."""
     import torch.distributed.checkpoint as dcp
 
     from distx_fake import checkpoint
 
-    init_process_group(rank, size, store)
-    torch.set_num_threads(1)
     ts.distributed.init_process_group(2)
     cfg = config(4)
     ref, model = build(cfg, 0), build(cfg, 0)
@@ -255,8 +270,6 @@ def tp2dp2_body(rank: int, size: int, store: str, folder: str) -> None:
         ts.load_sharded_state_dict(fresh, target)
         with torch.no_grad():
             close(full_logits(fresh(probe).logits), expect, 1e-5, 1e-5, f"reloaded at TP={tp} ({fmt})")
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 def load_in_one_process(folder: str) -> None:

@@ -1,6 +1,7 @@
-"""Spawned body (4 ranks): a transformer block in TP=2 x DP=2 trained 20 steps with DDP over the
-data-parallel group matches single-process training; its state dict reloads at TP=4 and TP=1;
-DDP over the world with register_ddp_parameters_to_ignore."""
+"""Spawned body (4 ranks): the layer checks of scripts/layers.py at TP sizes 1, 2 and 4, then a
+transformer block in TP=2 x DP=2 trained 20 steps with DDP over the data-parallel group matches
+single-process training; its state dict reloads at TP=4 and TP=1; DDP over the world with
+register_ddp_parameters_to_ignore."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ import shardlayers as ts
 from distkit_common.testing import init_process_group
 
 try:
+    from scripts import layers
     from scripts.common import close, shard
 except ImportError:  # loaded by file path
     import os
     import sys
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from scripts import layers
     from scripts.common import close, shard
 
 VOCAB, HIDDEN, HEADS, SEQ = 32, 16, 4, 6
@@ -149,13 +152,22 @@ def ddp_world_ignore(rank: int, size: int) -> None:
     close(model[2].bias, ref[2].bias, 1e-6, 1e-6, "ddp row bias")
 
 
-def body(rank: int, size: int, store: str) -> None:
-    init_process_group(rank, size, store)
-    torch.set_num_threads(1)
+def run(rank: int, size: int) -> None:
+    """The transformer block in TP=2 x DP=2 (trained, reloaded at TP=4 and TP=1), DDP over the world."""
     assert size == 4
     blob = train_tp_dp(rank)["bytes"]
     reload(blob, 4)
     reload(blob, 1)
     ddp_world_ignore(rank, size)
     torch.distributed.barrier()
+
+
+def body(rank: int, size: int, store: str) -> None:
+    """The spawned suite of test_parallel.py: one set of 4 processes runs the layer checks at TP
+    sizes 1, 2 and 4, then the TP=2 x DP=2 training (process start-up, mostly importing torch,
+    costs more CPU than the checks themselves)."""
+    init_process_group(rank, size, store)
+    torch.set_num_threads(1)
+    layers.run(size)
+    run(rank, size)
     torch.distributed.destroy_process_group()

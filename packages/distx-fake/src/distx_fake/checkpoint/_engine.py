@@ -21,6 +21,9 @@ from ._metadata import CheckpointCorruptionError, PathT
 ALIGN = _native.DIRECT_ALIGN
 #: one native call (and one progress update) per ~512 MiB
 BATCH_BYTES = 512 << 20
+#: a data file at least this much in the page cache is read through the cache (memory speed);
+#: O_DIRECT would read it from the disk again
+CACHED_ENOUGH = 0.9
 
 
 def as_bytes_view(t: torch.Tensor) -> torch.Tensor:
@@ -44,6 +47,24 @@ def open_file(fname: str, flags: int, direct: bool) -> tuple[int, bool]:
             if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
                 raise
     return os.open(fname, flags, 0o644), False
+
+
+def open_for_reading(fname: str, direct: bool) -> tuple[int, bool]:
+    """Open a data file for reading: with O_DIRECT when asked, unless the page cache already
+    holds it (a checkpoint written with buffered I/O a moment ago, or read before); return
+    (fd, direct)."""
+    flags = os.O_RDONLY | os.O_CLOEXEC
+    if direct:
+        fd = os.open(fname, flags)
+        try:
+            cached = _native.cached_fraction(fd) >= CACHED_ENOUGH
+        except BaseException:
+            os.close(fd)
+            raise
+        if cached:
+            return fd, False
+        os.close(fd)
+    return open_file(fname, flags, direct)
 
 
 def write_chunks(
@@ -139,7 +160,7 @@ class DataFiles:
         if "/" in name or name.startswith("."):
             raise CheckpointCorruptionError(f"invalid data file name {name!r} in metadata")
         if name not in self.fds:
-            self.fds[name] = open_file(os.path.join(self.root, name), os.O_RDONLY | os.O_CLOEXEC, self.direct)
+            self.fds[name] = open_for_reading(os.path.join(self.root, name), self.direct)
         return self.fds[name]
 
     def read(self, name: str, tuples: list[tuple[int, int, int]]) -> list[int]:

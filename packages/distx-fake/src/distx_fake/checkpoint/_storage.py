@@ -75,7 +75,8 @@ class FileSystemReader(DcpReaderMixin, StorageReader):
         Show a progress bar on rank 0; ``None`` (default) = only when stderr is a terminal.
     direct : bool, optional
         Read with ``O_DIRECT`` through aligned bounce buffers (default True; falls back to
-        buffered reads where the filesystem refuses it).
+        buffered reads where the filesystem refuses it). A data file that is already in the
+        page cache (90 % of its pages or more) is read through the cache instead.
 
     Raises
     ------

@@ -92,8 +92,10 @@ def reduce_scatter(x: torch.Tensor, dim: int, group: Any, sizes: list[int] | Non
         out = x.new_empty((sizes[0], *x.shape[1:]))
         dist.reduce_scatter_tensor(out, x.contiguous(), group=group)
         return out
+    # gloo (and uneven or non-leading splits): all-reduce + split works for any dim and sizes;
+    # reduce_scatter_tensor cuts dim 0 evenly only, so a sequence dim 1 would need copies
     y = x.contiguous().clone()
-    dist.all_reduce(y, group=group)  # gloo has no reduce-scatter
+    dist.all_reduce(y, group=group)
     return split(y, dim, group, sizes)
 
 
@@ -160,21 +162,6 @@ class _ReduceScatter(torch.autograd.Function):
         return all_gather(g, ctx.dim, ctx.group, ctx.sizes), None, None, None
 
 
-class _GatherReduceScatter(torch.autograd.Function):
-    """All-gather forward, reduce-scatter backward (sequence-parallel entry)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, dim: int, group: Any, sizes: list[int] | None) -> torch.Tensor:
-        if sizes is None:
-            sizes = exchange_sizes(x.shape[dim], group)
-        ctx.dim, ctx.group, ctx.sizes = dim, group, sizes
-        return all_gather(x, dim, group, sizes)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
-        return reduce_scatter(g, ctx.dim, ctx.group, ctx.sizes), None, None, None
-
-
 #: a dim out of range is an IndexError, as in torch
 _CHECKS = Checks(value_error=IndexError)
 
@@ -237,7 +224,8 @@ def scatter(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     ``dim=1`` names the last dim) for a split along the last dim (a :class:`ts.ParallelTensor`);
     a split along a middle dim is untagged.
 
-    Sizes that do not divide are split unevenly (first ranks get one more).
+    Sizes that do not divide are split as ``torch.chunk`` splits them (``ceil(n/p)`` per rank, the
+    last ones smaller).
 
     Raises
     ------

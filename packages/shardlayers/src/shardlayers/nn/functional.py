@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from .._split import partition_sizes
@@ -18,12 +17,13 @@ from .._tag import _FULL_SIZE, _PARALLEL_DIM, check_dim, tag_output, untag, vali
 from .._xent import _FLOATS, _REDUCTIONS, VocabParallelCrossEntropy, check_same_device
 from ..distributed import _ops
 from ..distributed._ops import group_info
+from ..distributed._region import Region, enter_region
 from ..distributed._sequence import gather_sequence, is_gathered
 
 __all__ = ["parallel_cross_entropy", "parallel_embedding", "parallel_linear"]
 
 
-#: Overlap the column-parallel input-gradient all-reduce with the weight-gradient matmul.
+#: Overlap the column-parallel input-gradient all-reduce with the (last reader's) weight-gradient matmul.
 OVERLAP_GRAD_ALLREDUCE = True
 
 
@@ -32,9 +32,14 @@ def _is_column_tag(t: torch.Tensor) -> bool:
 
 
 class _ColumnLinear(torch.autograd.Function):
-    """y = x W^T + b on a full (replicated or sequence-gathered) input; backward all-reduces the
-    input gradient (Megatron's f), overlapped with the weight-gradient matmul, unless the input came
-    from a sequence gather (whose backward reduce-scatters the summed gradient instead)."""
+    """y = x W^T + b on a full (replicated or sequence-gathered) input.
+
+    Backward: the input gradient joins ``region`` (the all-reduce shared by every column layer
+    reading the same replicated tensor, see ``shardlayers.distributed._region``; the last reader
+    starts it and its weight-gradient matmul runs while it is in flight). Without a region (a
+    sequence-gathered input, whose gather reduce-scatters the summed gradient, or one rank) the
+    input gradient is returned as is.
+    """
 
     @staticmethod
     def forward(
@@ -42,31 +47,27 @@ class _ColumnLinear(torch.autograd.Function):
         x: torch.Tensor,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
-        group: Any,
-        reduce_input_grad: bool,
+        region: Region | None,
     ) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
-        ctx.group, ctx.reduce, ctx.has_bias = group, reduce_input_grad, bias is not None
+        ctx.region, ctx.has_bias = region, bias is not None
         return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         total, weight = ctx.saved_tensors
-        group = ctx.group
-        p = int(dist.get_world_size(group))
+        region = ctx.region
         g = g.contiguous()
         grad_in = None
-        handle = None
         if ctx.needs_input_grad[0]:
             grad_in = g.matmul(weight)
-            if p > 1 and ctx.reduce:
-                handle = dist.all_reduce(grad_in, group=group, async_op=OVERLAP_GRAD_ALLREDUCE)
+            if region is not None:
+                region.add(grad_in)  # the region's entry node returns the reduced sum
+                grad_in = None
         g2 = g.reshape(-1, g.shape[-1])
         grad_w = g2.t().matmul(total.reshape(-1, total.shape[-1])) if ctx.needs_input_grad[1] else None
         grad_b = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        if handle is not None and OVERLAP_GRAD_ALLREDUCE:
-            handle.wait()
-        return grad_in, grad_w, grad_b, None, None
+        return grad_in, grad_w, grad_b, None
 
 
 def _full_size(t: torch.Tensor, axis: int, p: int) -> int:
@@ -101,14 +102,14 @@ def column_linear(
     x = untag(input)
     if x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"input has {x.shape[-1]} features, the layer expects {weight.shape[-1]}")
+    region = None
     if is_gathered(x):  # already the whole sequence; its gather reduce-scatters the gradient
-        reduce = False
+        pass
     elif sequence_dim is not None:
         x = gather_sequence(x, sequence_dim, group)
-        reduce = False
     else:
-        reduce = True
-    out: torch.Tensor = _ColumnLinear.apply(x, weight, bias, group, reduce)
+        x, region = enter_region(x, group, OVERLAP_GRAD_ALLREDUCE)
+    out: torch.Tensor = _ColumnLinear.apply(x, weight, bias, region)
     full = _full_size(weight, 0, p)
     real = partition_sizes(full, p)[rank]
     padded = out.shape[-1] > real
