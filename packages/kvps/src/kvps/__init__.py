@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import mpi4py.MPI  # noqa: F401  (initialises MPI and loads libmpi first)
 
+from . import optim
 from ._args import KeyRangeError
 from ._server import TECHNIQUES, Server, Worker, setup
 from ._version import __version__
 
-__all__ = ["TECHNIQUES", "KeyRangeError", "Server", "Worker", "__version__", "setup"]
+__all__ = ["TECHNIQUES", "KeyRangeError", "Server", "Worker", "__version__", "optim", "setup"]

@@ -2,15 +2,20 @@
 
 Layout of a checkpoint directory::
 
-    meta.json            {"format": "kvps-1", "num_keys", "dtype", "num_shards", "shard_keys": [...]}
+    meta.json            {"format": "kvps-1", "num_keys", "dtype", "rule", "num_shards", "shard_keys": [...]}
     lengths.bin          int64[num_keys], the value length of every key
     shard-<r>.keys       int64 keys owned by rank r when saved
-    shard-<r>.vals       their values, concatenated in key order (raw bytes of the dtype)
+    shard-<r>.vals       their slots (value, then optimizer state), concatenated in key order
+                         (raw bytes of the dtype)
 
-Saving writes into a temporary sibling directory, fsyncs every file and the
-directory, then renames it into place (an existing checkpoint is replaced by a
-second rename). Loading reads every shard and keeps each key on its home rank,
-so a checkpoint loads into any number of ranks.
+Saving follows distkit-common's atomic directory commit (``distkit_common.fsio``):
+every rank writes into a temporary sibling directory it claims, the files are
+fsynced, rank 0 swaps the directory into place (an existing kvps checkpoint is
+replaced atomically where the filesystem can exchange directories) and a later
+save removes temporary directories whose writers died. A failure on any rank
+raises on every rank (``distkit_common.collective``) and keeps the previous
+checkpoint. Loading reads every shard and keeps each key on its home rank, so a
+checkpoint loads into any number of ranks.
 """
 
 from __future__ import annotations
@@ -24,104 +29,107 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from mpi4py import MPI
+
+from distkit_common import collective, fsio
+from distkit_common.dtypes import dtype_name
+
+from ._shard import wait_polling
 
 if TYPE_CHECKING:
-    from ._server import Server
+    from ._shard import LocalShard
 
 FORMAT = "kvps-1"
-_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+_NO_RULE = "add"  # the rule of checkpoints written before server-side optimizers
 
 
-def _write(path: Path, data: np.ndarray) -> None:
-    with open(path, "wb") as f:
-        f.write(np.ascontiguousarray(data).data)
-        f.flush()
-        os.fsync(f.fileno())
+def _elements(shard: LocalShard) -> np.dtype:
+    """An opaque numpy element of the value dtype's size (values are moved as bytes)."""
+    return np.dtype(f"V{shard.itemsize}")
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def _flat_index(slot_lengths: np.ndarray, keys: np.ndarray, starts: np.ndarray | None = None) -> np.ndarray:
+    """Element positions of ``keys``' slots in a flat array laid out by ``starts`` (default: key order)."""
+    if not len(keys):
+        return np.zeros(0, dtype=np.int64)
+    if starts is None:
+        starts = np.concatenate([[0], np.cumsum(slot_lengths)[:-1]]).astype(np.int64)[keys]
+    lens = slot_lengths[keys]
+    dst = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+    return np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - dst, lens)
+
+
+def _check_rule(shard: LocalShard, saved: Any, src: Any) -> None:
+    if saved != shard.rule["name"]:
+        raise ValueError(
+            f"the checkpoint in {src} holds optimizer state of rule {saved!r}, the server applies "
+            f"{shard.rule['name']!r}"
+        )
+
+
+def _is_checkpoint(path: str) -> bool:
+    """Whether ``path`` holds a kvps checkpoint (what a save may replace)."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        with open(os.path.join(path, "meta.json")) as f:
+            return json.load(f).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
-def save(server: Server, path: Any) -> None:
-    """Collective atomic save of ``server`` to directory ``path`` (see the module docstring)."""
-    eng = server._engine
-    coll = server._coll
-    rank = server.my_rank()
-    target = Path(path)
-    eng.wait_sync()  # replica deltas reach their owners
-    eng.barrier()
-    tmp_name = None
-    err = None
+def save(shard: LocalShard, path: Any) -> None:
+    """Collective atomic save of a server's shards to directory ``path`` (see the module docstring)."""
+    comm = shard.group
+    rank = shard.rank
+    target = os.fspath(path)
+    shard.quiesce()
     if rank == 0:
+        # a crashed earlier save may have left its temporary directory: remove it if
+        # its writers provably died on this host (never a live save's, never another host's)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.parent / f".{target.name}.tmp-{secrets.token_hex(8)}"
-            tmp.mkdir()
-            tmp_name = str(tmp)
-        except OSError as e:
-            err = e
-    tmp_name = coll.bcast(tmp_name if err is None else None, root=0)
-    if tmp_name is None:
-        raise OSError(f"cannot create a temporary checkpoint directory next to {target}: {err}")
-    tmp = Path(tmp_name)
-    keys = eng.owned_keys()
-    count = int(server.lengths[keys].sum()) if len(keys) else 0
-    vals = torch.empty(count, dtype=server.dtype)
-    if len(keys):
-        eng.read_local(int(keys.ctypes.data), len(keys), vals.data_ptr())
-    ok = True
+            fsio.clean_stale(target)
+        except OSError:
+            pass
+    tmp = fsio.temporary_sibling(target, collective.bcast_json(secrets.token_hex(8) if rank == 0 else None, comm))
+    with collective.all_ranks(comm, f"kvps save: creating {tmp}"):
+        if rank == 0:
+            os.makedirs(tmp)
+    keys = shard.owned_keys()
+    err: BaseException | None = None
     try:
-        _write(tmp / f"shard-{rank}.keys", keys)
-        _write(tmp / f"shard-{rank}.vals", vals.view(torch.uint8).numpy())
-    except OSError:
-        ok = False
-    counts = coll.gather(len(keys) if ok else -1, root=0)
-    if rank == 0:
-        assert counts is not None
-        if all(c >= 0 for c in counts):
+        fsio.claim(tmp, rank)
+        vals = shard.read(keys)
+        fsio.write_file(os.path.join(tmp, f"shard-{rank}.keys"), keys.tobytes())
+        fsio.write_file(os.path.join(tmp, f"shard-{rank}.vals"), vals.view(torch.uint8).numpy().tobytes())
+    except BaseException as e:  # agreed on below, then re-raised
+        err = e
+    try:
+        collective.agree(comm, f"kvps save to {target} (previous checkpoint kept)", err)
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    counts = collective.allgather_json(len(keys), comm)
+    with collective.all_ranks(comm, f"kvps save: commit of {target} on rank 0 (previous checkpoint kept)"):
+        if rank == 0:
             try:
-                _write(tmp / "lengths.bin", server.lengths)
+                fsio.write_file(os.path.join(tmp, "lengths.bin"), np.ascontiguousarray(shard.lengths).tobytes())
                 meta = {
                     "format": FORMAT,
-                    "num_keys": server.num_keys,
-                    "dtype": _NAMES[server.dtype],
+                    "num_keys": shard.num_keys,
+                    "dtype": dtype_name(shard.dtype),
+                    "rule": shard.rule["name"],
                     "num_shards": len(counts),
                     "shard_keys": counts,
                 }
-                with open(tmp / "meta.json", "w") as f:
-                    json.dump(meta, f)
-                    f.flush()
-                    os.fsync(f.fileno())
-                _fsync_dir(tmp)
-                old = None
-                if target.exists():
-                    old = target.parent / f".{target.name}.old-{secrets.token_hex(8)}"
-                    os.rename(target, old)
-                os.rename(tmp, target)
-                _fsync_dir(target.parent)
-                if old is not None:
-                    shutil.rmtree(old, ignore_errors=True)
-            except OSError as e:
-                err = e
-        else:
-            err = OSError("a rank failed to write its shard")
-        if err is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-    failed = coll.bcast(None if err is None else str(err), root=0)
-    if failed is not None:
-        raise OSError(f"saving the kvps checkpoint to {target} failed: {failed}")
+                fsio.write_file(os.path.join(tmp, "meta.json"), json.dumps(meta).encode())
+                os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+                fsio.commit_dir(tmp, target, replaceable=_is_checkpoint)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
 
 
-def load(server: Server, path: Any) -> None:
-    """Collective load of the checkpoint in ``path`` into ``server`` (any saved rank count)."""
-    eng = server._engine
-    src = Path(path)
+def _read_checkpoint(shard: LocalShard, src: Path) -> list[tuple[np.ndarray, np.ndarray]]:
     try:
         with open(src / "meta.json") as f:
             meta = json.load(f)
@@ -130,38 +138,39 @@ def load(server: Server, path: Any) -> None:
         raise OSError(f"cannot read the kvps checkpoint in {src}: {e}") from e
     if meta.get("format") != FORMAT:
         raise ValueError(f"{src} is not a kvps checkpoint (format {meta.get('format')!r})")
-    if meta["num_keys"] != server.num_keys:
-        raise ValueError(f"checkpoint has {meta['num_keys']} keys, the server {server.num_keys}")
-    if meta["dtype"] != _NAMES[server.dtype]:
-        raise ValueError(f"checkpoint dtype {meta['dtype']} differs from the server's {_NAMES[server.dtype]}")
-    if lengths.shape != server.lengths.shape or not np.array_equal(lengths, server.lengths):
+    if meta["num_keys"] != shard.num_keys:
+        raise ValueError(f"checkpoint has {meta['num_keys']} keys, the server {shard.num_keys}")
+    if meta["dtype"] != dtype_name(shard.dtype):
+        raise ValueError(f"checkpoint dtype {meta['dtype']} differs from the server's {dtype_name(shard.dtype)}")
+    if lengths.shape != shard.lengths.shape or not np.array_equal(lengths, shard.lengths):
         raise ValueError("checkpoint value lengths differ from the server's value_lengths")
-    rank, size = server.my_rank(), server.num_ranks()
-    isz = torch.empty(0, dtype=server.dtype).element_size()
+    _check_rule(shard, meta.get("rule", _NO_RULE), src)
+    slots = shard.slot_lengths
     shards = []
     for r in range(int(meta["num_shards"])):
         keys = np.fromfile(src / f"shard-{r}.keys", dtype=np.int64)
-        raw = np.fromfile(src / f"shard-{r}.vals", dtype=_UINT[isz])
-        if keys.shape[0] != meta["shard_keys"][r] or raw.shape[0] != int(lengths[keys].sum()):
+        raw = np.fromfile(src / f"shard-{r}.vals", dtype=_elements(shard))
+        if keys.shape[0] != meta["shard_keys"][r] or raw.shape[0] != int(slots[keys].sum()):
             raise ValueError(f"checkpoint shard {r} in {src} is truncated or corrupt")
         shards.append((keys, raw))
-    eng.wait_sync()
-    eng.barrier()
-    eng.reset_ownership()
-    eng.barrier()
+    return shards
+
+
+def load(shard: LocalShard, path: Any) -> None:
+    """Collective load of the checkpoint in ``path`` (saved on any number of ranks)."""
+    src = Path(path)
+    shards: list[tuple[np.ndarray, np.ndarray]] = []
+    with collective.all_ranks(shard.group, f"kvps load of {src}"):
+        shards = _read_checkpoint(shard, src)
+    slots = shard.slot_lengths
+    shard.reset_ownership()
     for keys, raw in shards:
-        lens = lengths[keys]
-        starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
-        mask = keys % size == rank
-        sel = np.ascontiguousarray(keys[mask])
-        if not len(sel):
-            continue
-        slens = lens[mask]
-        dst_starts = np.concatenate([[0], np.cumsum(slens)[:-1]]).astype(np.int64)
-        idx = np.arange(int(slens.sum()), dtype=np.int64) + np.repeat(starts[mask] - dst_starts, slens)
-        vals = np.ascontiguousarray(raw[idx])
-        eng.write_local(int(sel.ctypes.data), len(sel), int(vals.ctypes.data))
-    eng.barrier()
+        starts = np.concatenate([[0], np.cumsum(slots[keys])[:-1]]).astype(np.int64)
+        mine = keys % shard.size == shard.rank
+        sel = np.ascontiguousarray(keys[mine])
+        if len(sel):
+            shard.write(sel, raw[_flat_index(slots, sel, starts[mine])])
+    shard.barrier()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,103 +190,92 @@ def _distx_checkpoint() -> Any:
     return checkpoint
 
 
-def _flat_index(lengths: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """Element positions of ``keys``' values in the key-ordered flat value array."""
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    lens = lengths[keys]
-    if not len(keys):
-        return np.zeros(0, dtype=np.int64)
-    dst = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
-    return np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts[keys] - dst, lens)
-
-
-def save_distx(server: Server, path: Any) -> None:
+def save_distx(shard: LocalShard, path: Any) -> None:
     """Collective save through ``distx_fake.checkpoint.save_state_dict`` (atomic, crc32c-checked).
 
-    The state dict is ``{"format", "num_keys", "dtype", "lengths", "values"}`` with
-    ``values`` holding every key's value in key order. Rank 0 gathers the shards
-    and writes the checkpoint alone (``no_dist=True``: kvps runs on MPI, not on a
-    torch process group); the other ranks wait for its verdict.
+    The state dict is ``{"format", "num_keys", "dtype", "rule", "lengths", "values"}``
+    with ``values`` holding every key's slot in key order. Rank 0 gathers the
+    shards and writes the checkpoint alone (``no_dist=True``: kvps runs on MPI,
+    not on a torch process group); the other ranks wait for its verdict.
     """
     ckpt = _distx_checkpoint()  # every rank fails alike before any communication
-    eng = server._engine
-    coll = server._coll
-    rank = server.my_rank()
-    eng.wait_sync()  # replica deltas reach their owners
-    eng.barrier()
-    keys = eng.owned_keys()
-    count = int(server.lengths[keys].sum()) if len(keys) else 0
-    vals = torch.empty(count, dtype=server.dtype)
-    if len(keys):
-        eng.read_local(int(keys.ctypes.data), len(keys), vals.data_ptr())
-    shards = coll.gather((keys, vals.view(torch.uint8).numpy()), root=0)
-    err = None
-    if rank == 0:
-        assert shards is not None
-        try:
-            isz = torch.empty(0, dtype=server.dtype).element_size()
-            flat = torch.empty(int(server.lengths.sum()), dtype=server.dtype)
-            flat_u = flat.view(torch.uint8).numpy().view(_UINT[isz])
-            for k, raw in shards:
-                flat_u[_flat_index(server.lengths, k)] = raw.view(_UINT[isz])
+    comm, group = shard.comm, shard.group
+    shard.quiesce()
+    keys = shard.owned_keys()
+    raw = shard.read(keys).view(torch.uint8).numpy()
+    # every rank's keys and raw slot bytes to rank 0, as plain buffers (no pickle)
+    nkeys = collective.allgather_json(len(keys), group)
+    nbytes = collective.allgather_json(int(raw.nbytes), group)
+    all_keys = np.empty(sum(nkeys), dtype=np.int64) if shard.rank == 0 else None
+    all_raw = np.empty(sum(nbytes), dtype=np.uint8) if shard.rank == 0 else None
+    wait_polling(comm.Igatherv(keys, [all_keys, nkeys, MPI.INT64_T] if shard.rank == 0 else None, root=0))
+    wait_polling(comm.Igatherv(raw, [all_raw, nbytes, MPI.BYTE] if shard.rank == 0 else None, root=0))
+    with collective.all_ranks(group, f"kvps save (distx format) to {path} on rank 0"):
+        if shard.rank == 0:
+            assert all_keys is not None and all_raw is not None
+            slots = shard.slot_lengths
+            flat = torch.empty(int(slots.sum()), dtype=shard.dtype)
+            flat_e = flat.view(torch.uint8).numpy().view(_elements(shard))
+            flat_e[_flat_index(slots, all_keys)] = all_raw.view(_elements(shard))
             state = {
                 "format": DISTX_FORMAT,
-                "num_keys": server.num_keys,
-                "dtype": _NAMES[server.dtype],
-                "lengths": torch.from_numpy(server.lengths.copy()),
+                "num_keys": shard.num_keys,
+                "dtype": dtype_name(shard.dtype),
+                "rule": shard.rule["name"],
+                "lengths": torch.from_numpy(np.ascontiguousarray(shard.lengths).copy()),
                 "values": flat,
             }
             ckpt.save_state_dict(state, ckpt.FileSystemWriter(str(path)), no_dist=True)
-        except (OSError, ValueError, TypeError) as e:
-            err = f"{type(e).__name__}: {e}"
-    failed = coll.bcast(err, root=0)
-    if failed is not None:
-        raise OSError(f"saving the kvps checkpoint (distx format) to {path} failed: {failed}")
 
 
-def load_distx(server: Server, path: Any) -> None:
+def load_distx(shard: LocalShard, path: Any) -> None:
     """Collective load of a checkpoint written by :func:`save_distx` (any saved rank count)."""
     ckpt = _distx_checkpoint()
-    eng = server._engine
+    mine = np.arange(shard.rank, shard.num_keys, shard.size, dtype=np.int64)
+    vals = np.zeros(0, dtype=np.uint8)
+    with collective.all_ranks(shard.group, f"kvps load (distx format) of {path}"):
+        vals = _read_distx(ckpt, shard, path, mine)
+    shard.reset_ownership()
+    shard.write(mine, vals)
+    shard.barrier()
+
+
+def _read_distx(ckpt: Any, shard: LocalShard, path: Any, mine: np.ndarray) -> np.ndarray:
+    """The slots of ``mine`` from a distx-format checkpoint, after checking it fits the server."""
     try:
         meta = ckpt.FileSystemReader(str(path)).read_index()
     except (OSError, ValueError) as e:
         raise OSError(f"cannot read the distx checkpoint in {path}: {e}") from e
-    values = {e.get("path", [None])[0]: e for e in meta.get("entries", []) if isinstance(e, dict)}
-    if "values" not in values or "lengths" not in values:
+    entries = {e.get("path", [None])[0]: e for e in meta.get("entries", []) if isinstance(e, dict)}
+    if "values" not in entries or "lengths" not in entries:
         raise ValueError(f"{path} is not a kvps checkpoint in distx format (no 'values'/'lengths' entries)")
+    slots = shard.slot_lengths
     state: dict[str, Any] = {
         "format": None,
         "num_keys": None,
         "dtype": None,
-        "lengths": torch.empty(server.num_keys, dtype=torch.int64),
-        "values": torch.empty(int(server.lengths.sum()), dtype=server.dtype),
+        "lengths": torch.empty(shard.num_keys, dtype=torch.int64),
+        "values": torch.empty(int(slots.sum()), dtype=shard.dtype),
     }
+    if "rule" in entries:
+        state["rule"] = None
     try:
         ckpt.load_state_dict(state, ckpt.FileSystemReader(str(path)), no_dist=True)
     except (KeyError, ValueError) as e:
         raise ValueError(
             f"the distx checkpoint in {path} does not match this server "
-            f"(num_keys={server.num_keys}, dtype={_NAMES[server.dtype]}, its value lengths): {e}"
+            f"(num_keys={shard.num_keys}, dtype={dtype_name(shard.dtype)}, optimizer {shard.rule['name']!r}, "
+            f"its value lengths): {e}"
         ) from e
     if state["format"] != DISTX_FORMAT:
         raise ValueError(f"{path} is not a kvps checkpoint (format {state['format']!r})")
-    if state["num_keys"] != server.num_keys or state["dtype"] != _NAMES[server.dtype]:
+    if state["num_keys"] != shard.num_keys or state["dtype"] != dtype_name(shard.dtype):
         raise ValueError(
             f"checkpoint has {state['num_keys']} keys of {state['dtype']}, the server "
-            f"{server.num_keys} keys of {_NAMES[server.dtype]}"
+            f"{shard.num_keys} keys of {dtype_name(shard.dtype)}"
         )
-    if not np.array_equal(state["lengths"].numpy(), server.lengths):
+    if not np.array_equal(state["lengths"].numpy(), shard.lengths):
         raise ValueError("checkpoint value lengths differ from the server's value_lengths")
-    rank, size = server.my_rank(), server.num_ranks()
-    mine = np.arange(rank, server.num_keys, size, dtype=np.int64)
-    isz = torch.empty(0, dtype=server.dtype).element_size()
-    flat_u = state["values"].view(torch.uint8).numpy().view(_UINT[isz])
-    vals = np.ascontiguousarray(flat_u[_flat_index(server.lengths, mine)])
-    eng.wait_sync()
-    eng.barrier()
-    eng.reset_ownership()
-    eng.barrier()
-    if len(mine):
-        eng.write_local(int(mine.ctypes.data), len(mine), int(vals.ctypes.data))
-    eng.barrier()
+    _check_rule(shard, state.get("rule", _NO_RULE), path)
+    flat_e = state["values"].view(torch.uint8).numpy().view(_elements(shard))
+    return np.ascontiguousarray(flat_e[_flat_index(slots, mine)])

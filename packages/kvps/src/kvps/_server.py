@@ -17,10 +17,13 @@ from distkit_common.validate import check_int
 
 from . import _kvps
 from ._args import KeyRangeError, as_keys, as_values
+from ._shard import LocalShard
+from .optim import Optimizer
 
-TECHNIQUES = {"all": 0, "replication_only": 1, "relocation_only": 2, "none": 3}
-_DTYPES = {torch.float32: 2, torch.float64: 3, torch.float16: 0, torch.bfloat16: 1}
-_PULL, _PUSH, _SET = 1, 2, 3
+#: ``use_techniques`` name -> the engine's code
+TECHNIQUES: dict[str, int] = dict(_kvps.TECHNIQUES)
+_DTYPES = {getattr(torch, name): code for name, code in _kvps.VALUE_DTYPES.items()}
+_PULL, _PUSH, _SET = _kvps.PULL, _kvps.PUSH, _kvps.SET
 
 
 @dataclass
@@ -73,6 +76,11 @@ def setup(num_keys: int, num_threads: int = 1, use_techniques: str = "all", num_
     _config = _Config(n, t, use_techniques)
 
 
+def _uniform(length: int, num_keys: int) -> np.ndarray:
+    """One length for every key, as a read-only array view that takes no memory per key."""
+    return np.broadcast_to(np.int64(length), (num_keys,))
+
+
 def _lengths_array(value_lengths: Any, num_keys: int) -> np.ndarray:
     if isinstance(value_lengths, (bool, np.bool_)):
         raise TypeError(f"value_lengths must be an int or a 1-D integer array, got {value_lengths!r}")
@@ -80,7 +88,7 @@ def _lengths_array(value_lengths: Any, num_keys: int) -> np.ndarray:
         v = int(value_lengths)
         if v < 1:
             raise ValueError(f"value_lengths must be >= 1, got {v}")
-        return np.full(num_keys, v, dtype=np.int64)
+        return _uniform(v, num_keys)
     if isinstance(value_lengths, torch.Tensor):
         value_lengths = value_lengths.detach().cpu().numpy()
     if not isinstance(value_lengths, np.ndarray):
@@ -97,10 +105,11 @@ def _lengths_array(value_lengths: Any, num_keys: int) -> np.ndarray:
     if value_lengths.ndim != 1 or value_lengths.shape[0] != num_keys:
         raise ValueError(f"value_lengths must have shape ({num_keys},) (one length per key), got {value_lengths.shape}")
     arr = np.ascontiguousarray(value_lengths, dtype=np.int64)
-    if num_keys and int(arr.min()) < 1:
+    lo, hi = (int(arr.min()), int(arr.max())) if num_keys else (1, 1)
+    if lo < 1:
         pos = int(np.nonzero(arr < 1)[0][0])
         raise ValueError(f"value_lengths[{pos}] = {int(arr[pos])} must be >= 1")
-    return arr
+    return _uniform(lo, num_keys) if lo == hi else arr
 
 
 class Server:
@@ -132,13 +141,19 @@ class Server:
         shared only when ``/dev/shm`` can hold every co-located shard.
     comm : mpi4py.MPI.Comm, optional
         The communicator to span (duplicated); ``MPI.COMM_WORLD`` by default.
+    optimizer : kvps.optim.Optimizer, optional
+        Apply this optimizer where the rows live: every ``push`` then carries
+        gradients, and the key's owner runs one optimizer step with them (see
+        :mod:`kvps.optim`). Its state is stored behind each row, moves with the
+        key and is checkpointed with the server. Needs a float32 or float64
+        server. Default: ``push`` adds the values (AdaPM).
 
     Raises
     ------
     RuntimeError
         ``kvps.setup`` was not called, or MPI does not provide ``MPI_THREAD_MULTIPLE``.
     TypeError, ValueError
-        Bad ``value_lengths`` or ``dtype``.
+        Bad ``value_lengths``, ``dtype`` or ``optimizer`` (an optimizer on a 16-bit server).
     """
 
     def __init__(
@@ -151,6 +166,7 @@ class Server:
         prefault: bool = False,
         shared_memory: bool | None = None,
         comm: Any = None,
+        optimizer: Optimizer | None = None,
     ) -> None:
         if _config is None:
             raise RuntimeError("call kvps.setup(num_keys, num_threads, use_techniques) before creating a Server")
@@ -165,6 +181,13 @@ class Server:
             shared_memory = os.environ.get("KVPS_SHARED_MEMORY", "1").strip().lower() not in ("0", "false", "off", "no")
         elif not isinstance(shared_memory, bool):
             raise TypeError(f"shared_memory must be a bool or None, got {type(shared_memory).__name__}")
+        if optimizer is not None:
+            if not isinstance(optimizer, Optimizer) or type(optimizer) is Optimizer:
+                raise TypeError(f"optimizer must be one of kvps.optim's optimizers, got {type(optimizer).__name__}")
+            if dtype not in (torch.float32, torch.float64):
+                raise TypeError(f"server-side optimizers need a float32 or float64 server, got {dtype}")
+        self.optimizer: Optimizer | None = optimizer
+        rule = optimizer._engine_args() if optimizer is not None else (_kvps.RULES["add"], 0.0, 0.0, 0.0, 0.0)
         if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
             raise RuntimeError(
                 "kvps needs MPI_THREAD_MULTIPLE; mpi4py initialised MPI with a lower thread level "
@@ -177,7 +200,8 @@ class Server:
             self._comm.handle,
             self._coll.handle,
             self._cfg.num_keys,
-            int(self.lengths.ctypes.data),
+            0 if self.lengths.strides[0] == 0 else int(self.lengths.ctypes.data),
+            int(self.lengths[0]) if self.lengths.strides[0] == 0 else 0,
             _DTYPES[dtype],
             self._cfg.num_threads,
             TECHNIQUES[self._cfg.technique],
@@ -185,7 +209,10 @@ class Server:
             self.replica_sync_every,
             bool(prefault),
             shared_memory,
+            *rule,
         )
+        rule_desc = optimizer.to_dict() if optimizer is not None else {"name": "add"}
+        self._shard = LocalShard(self._engine, self._coll, self.lengths, dtype, rule_desc)
         self._closed = False
         self._sampling: _SamplingConfig | None = None
         _live.add(self)
@@ -212,16 +239,26 @@ class Server:
         return bool(self._engine.shares_memory)
 
     def stats(self) -> dict[str, int]:
-        """How this rank's workers' keys were served so far.
+        """How this rank's workers' keys were served so far, and what became of their intents.
 
         Returns
         -------
         dict
-            ``local``: from this rank's shard or replicas; ``shared``: in place
-            in a node-local peer's shard; ``remote``: through messages.
+            ``local``: keys served from this rank's shard or replicas;
+            ``shared``: in place in a node-local peer's shard; ``remote``:
+            through messages. ``intent_moved``: intended keys this rank asked
+            to move (or replicate) here; ``intent_classic``: intended keys the
+            cost model left at their owners, because moving them would cost
+            more than their expected uses save (one-off keys; see the README).
         """
-        loc, shared, remote = self._engine.stats()
-        return {"local": int(loc), "shared": int(shared), "remote": int(remote)}
+        loc, shared, remote, moved, classic = self._engine.stats()
+        return {
+            "local": int(loc),
+            "shared": int(shared),
+            "remote": int(remote),
+            "intent_moved": int(moved),
+            "intent_classic": int(classic),
+        }
 
     def my_rank(self) -> int:
         """This process's rank."""
@@ -337,9 +374,9 @@ class Server:
 
         self._check_open()
         if format == "kvps":
-            save(self, path)
+            save(self._shard, path)
         elif format == "distx":
-            save_distx(self, path)
+            save_distx(self._shard, path)
         else:
             raise ValueError(f"format must be 'kvps' or 'distx', got {format!r}")
 
@@ -370,9 +407,9 @@ class Server:
 
         self._check_open()
         if format == "kvps":
-            load(self, path)
+            load(self._shard, path)
         elif format == "distx":
-            load_distx(self, path)
+            load_distx(self._shard, path)
         else:
             raise ValueError(f"format must be 'kvps' or 'distx', got {format!r}")
 
@@ -497,6 +534,19 @@ class Worker:
             self._e.wait(ts)
         return ts
 
+    def _rows(self, op: int, keys: torch.Tensor, vals: torch.Tensor, asynchronous: bool) -> int:
+        """``op`` on keys and values the caller made and checked itself (the torch modules).
+
+        ``keys``: contiguous int64 in range; ``vals``: contiguous, of the
+        server's dtype and the keys' value lengths. Pushes copy the values, so
+        an asynchronous push needs nothing kept alive; pulls here are synchronous.
+        """
+        self.server._check_open()
+        ts = int(self._e.op(op, self.customer_id, keys.data_ptr(), keys.numel(), vals.data_ptr()))
+        if ts >= 0 and (op == _PULL or not asynchronous):
+            self._e.wait(ts)
+        return ts
+
     def pull(self, keys: Any, vals: Any, asynchronous: bool = False) -> int:
         """Read the values of ``keys`` into the flat buffer ``vals`` (in place).
 
@@ -528,10 +578,11 @@ class Worker:
         return self._op(_PULL, keys, vals, asynchronous)
 
     def push(self, keys: Any, vals: Any, asynchronous: bool = False) -> int:
-        """Add ``vals`` to the values of ``keys``.
+        """Add ``vals`` to the values of ``keys`` (or, on a server with an optimizer, apply them as gradients).
 
-        Duplicate keys in one push accumulate (each occurrence is added). The
-        buffer may be reused as soon as ``push`` returns (it is copied).
+        Duplicate keys in one push accumulate (each occurrence is added; under
+        an optimizer each occurrence is one step: push one summed gradient per
+        key). The buffer may be reused as soon as ``push`` returns (it is copied).
 
         Returns
         -------
@@ -547,6 +598,9 @@ class Worker:
 
     def set(self, keys: Any, vals: Any, asynchronous: bool = False) -> int:
         """Overwrite the values of ``keys`` with ``vals`` (at the owner; replicas catch up at the next sync).
+
+        Under a server-side optimizer only the parameters are written; the
+        optimizer state of the keys is kept.
 
         Returns
         -------

@@ -30,6 +30,7 @@ import torch
 from mpi4py import MPI
 
 import kvps
+from kvps import _kvps
 
 faulthandler.dump_traceback_later(150)
 comm = MPI.COMM_WORLD
@@ -214,7 +215,7 @@ def core_ports() -> None:
 
     def local(k: np.ndarray) -> bool:
         """Owned here; a pull then returns -1 (as does one of a key in a co-located shard)."""
-        owned = s._engine.key_state(int(k[0])) == 1
+        owned = s._engine.key_state(int(k[0])) == _kvps.KEY_STATES["owned"]
         ts = w0.pull(k, buf)
         assert (ts == -1) == (owned or s.shares_memory), (ts, owned)
         return owned

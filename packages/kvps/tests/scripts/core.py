@@ -30,6 +30,7 @@ import torch
 from mpi4py import MPI
 
 import kvps
+from kvps import _kvps
 
 faulthandler.dump_traceback_later(120)  # diagnose a hang before the test's timeout
 comm = MPI.COMM_WORLD
@@ -143,7 +144,7 @@ def scenario(TECH: str, TOTAL: int, SHM: bool) -> None:
     for k in mine:
         st = server._engine.key_state(int(k))
         if TECH in ("all", "relocation_only") and moved:
-            assert st == 1, (k, st)
+            assert st == _kvps.KEY_STATES["owned"], (k, st)
     # push rank+1 to the shared keys (local on replicas), converge
     w0.push(shared, vals_for(shared, float(rank + 1)))
     w0.wait_sync()

@@ -7,6 +7,7 @@ format: "kvps" (default) or "distx" (distx-fake's checkpoint format).
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 
@@ -16,13 +17,26 @@ import torch
 from mpi4py import MPI
 
 import kvps
+from kvps import optim
 
+faulthandler.dump_traceback_later(150)  # diagnose a hang before the test's timeout
 MODE, PATH, DT = sys.argv[1], sys.argv[2], getattr(torch, sys.argv[3])
 FMT = sys.argv[4 if MODE == "save" else 5] if len(sys.argv) > (4 if MODE == "save" else 5) else "kvps"
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 NK = 501
 lengths = (2 + np.arange(NK) % 4).astype(np.int64)
+
+
+ADAM_KEYS = 37
+
+
+def adam_init() -> np.ndarray:
+    return (np.arange(ADAM_KEYS * 4, dtype=np.float32) / 100).astype(np.float32)
+
+
+def adam_grad(i: int) -> np.ndarray:
+    return np.sin(np.arange(ADAM_KEYS * 4, dtype=np.float32) + i).astype(np.float32)
 
 
 def expected(saved_ranks: int) -> torch.Tensor:
@@ -66,6 +80,17 @@ if MODE == "save":
     w.pull(allk, out)
     assert torch.equal(out, expected(size)), "state before save is wrong"
     server.shutdown()  # collective: no rank leaves while another still awaits its replies
+    if sys.argv[3] == "float32" and FMT == "kvps":  # a server with Adam: its state is saved with the rows
+        kvps.setup(ADAM_KEYS, 1, "all")
+        s = kvps.Server(4, optimizer=optim.Adam(lr=0.05))
+        w = kvps.Worker(0, s)
+        if rank == 0:  # only rank 0 updates: a deterministic sequence of steps at every key's owner
+            w.set(np.arange(ADAM_KEYS), adam_init())
+            for i in range(3):
+                w.push(np.arange(ADAM_KEYS), adam_grad(i))
+        s.barrier()
+        s.save(PATH + "-adam")
+        s.shutdown()
 else:
     saved = int(sys.argv[4])
     w.push(allk, torch.ones(total, dtype=DT))  # overwritten by the load
@@ -88,6 +113,28 @@ else:
         assert torch.equal(out, (expected(saved).double() + size).to(DT))
     # a mismatching server refuses the checkpoint
     server.shutdown()
+    if sys.argv[3] == "float32" and FMT == "kvps":
+        # Adam's moments and per-row step counts came back: one more step equals torch.optim's 4th
+        kvps.setup(ADAM_KEYS, 1, "all")
+        s = kvps.Server(4, optimizer=optim.Adam(lr=0.05))
+        w = kvps.Worker(0, s)
+        other = kvps.Server(4, optimizer=optim.Adagrad())
+        with pytest.raises(ValueError, match="rule 'adam'"):
+            other.load(PATH + "-adam")  # another optimizer's state does not fit
+        other.shutdown()
+        s.load(PATH + "-adam")
+        if rank == 0:
+            w.push(np.arange(ADAM_KEYS), adam_grad(3))
+        s.barrier()
+        got = torch.zeros(ADAM_KEYS * 4)
+        w.pull(np.arange(ADAM_KEYS), got)
+        p = torch.nn.Parameter(torch.from_numpy(adam_init()).view(-1, 4))
+        o = torch.optim.Adam([p], lr=0.05)
+        for i in range(4):
+            p.grad = torch.from_numpy(adam_grad(i)).view(-1, 4)
+            o.step()
+        torch.testing.assert_close(got.view(-1, 4), p.detach(), rtol=1e-6, atol=1e-7)
+        s.shutdown()
     kvps.setup(NK + 1, 1, "none")
     other = kvps.Server(3, dtype=DT)
     with pytest.raises(ValueError, match="keys"):

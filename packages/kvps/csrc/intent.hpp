@@ -1,0 +1,190 @@
+// intent.hpp - intent windows: when they take effect, what the home does with them.
+//
+// A worker's intent for clocks [start, end) takes effect once its clock
+// reaches start - lookahead: the rank tells each key's home (unless it holds
+// the key already, or the cost model below leaves the key where it is), and
+// the home relocates the key (one intending rank) or grants replicas
+// (several). When the window ends the rank drops the intent; a replica with
+// updates flushes them to the owner.
+//
+// The cost model. Moving a key here costs about as much engine work as one
+// or two remote accesses (the intent at the home, the transfer and handover,
+// the drop; README, Benchmarks); afterwards its accesses are local. So a move
+// pays when the key will be used here at least twice. Expected uses: one per
+// clock of the window, plus more when the key comes back. A key intended
+// again within kReuseHorizon clocks of its previous intent is recurring and
+// moves; a key seen for the first time in that horizon (fresh) with a one-clock
+// window moves only if fresh keys of this rank usually come back, i.e. if the
+// observed share of fresh keys intended again within the horizon is at least
+// one half. That share starts at 1 (every intent moves its keys, as AdaPM
+// does) and follows the workload: the one-off tail keys of a skewed workload
+// stay at their owners and are accessed the classic way, the keys that recur
+// move. A fresh key left in place that then recurs is moved at once.
+#pragma once
+
+#include "engine.hpp"
+
+namespace kvps {
+
+/// Records an intent of key record `m` for clock `start`; returns whether the
+/// key recurs (its previous intent here lies within kReuseHorizon clocks).
+inline bool ReuseModel::note(Meta& m, int64_t start) {
+  const uint32_t now = static_cast<uint32_t>(start) + 1;  // (0 marks "never")
+  const uint32_t gap = now > m.last ? now - m.last : m.last - now;
+  const bool recurs = m.last != 0 && gap <= kReuseHorizon;
+  if (m.flags & F_FRESH) {
+    m.flags &= static_cast<uint8_t>(~F_FRESH);
+    if (recurs) hits_ += 1;  // a fresh key came back
+  }
+  if (!recurs) {
+    m.flags |= F_FRESH;
+    seen_ = seen_ * kDecay + 1;
+    hits_ *= kDecay;
+  }
+  if (now > m.last) m.last = now;
+  return recurs;
+}
+
+inline bool ReuseModel::worth_moving(int64_t window, bool recurs) const {
+  return window >= 2 || recurs || hits_ >= 0.5 * seen_;
+}
+
+inline void Engine::process_intents(int w, Outbox& ob) {
+  const int64_t c = clocks_[w].load();
+  const bool keep_owned = tech_ == T_ALL || tech_ == T_REPL_ONLY;
+  std::vector<int64_t> add, drop;
+  auto& pend = pending_intents_[w];
+  auto& act = active_intents_[w];
+  while (!pend.empty() && pend.begin()->first <= c + lookahead_) {
+    IntentEntry e = std::move(pend.begin()->second);
+    pend.erase(pend.begin());
+    if (e.end <= c) continue;
+    const int64_t window = e.end - e.start;
+    const int64_t ne = static_cast<int64_t>(e.keys.size());
+    for (int64_t i = 0; i < ne; ++i) {
+      ahead(e.keys.data(), ne, i, false);
+      const int64_t k = e.keys[i];
+      Meta& m = meta_[k];
+      const bool recurs = reuse_.note(m, e.start);
+      // (state: written by this thread only)
+      if (m.want++ != 0) {
+        // wanted already, but left at its owner: it recurs now, so move it
+        if ((m.flags & F_UNTOLD) && recurs && m.state != OWNED) {
+          m.flags &= static_cast<uint8_t>(~F_UNTOLD);
+          add.push_back(k);
+        }
+        continue;
+      }
+      if (keep_owned && m.state == OWNED) {
+        // held here already: no need to tell the home. Should another
+        // rank's intent move the key away, the transfer leaves a replica
+        // here while this rank still wants it (see serve(M_TRANSFER)).
+        m.flags |= F_UNTOLD;
+      } else if (!reuse_.worth_moving(window, recurs)) {
+        m.flags |= F_UNTOLD;  // accessed the classic way, at its owner
+        ++n_classic_;
+      } else {
+        add.push_back(k);
+      }
+    }
+    const int64_t end = e.end;
+    act.insert({end, std::move(e)});
+  }
+  while (!act.empty() && act.begin()->first <= c) {
+    IntentEntry e = std::move(act.begin()->second);
+    act.erase(act.begin());
+    const int64_t ne = static_cast<int64_t>(e.keys.size());
+    for (int64_t i = 0; i < ne; ++i) {
+      ahead(e.keys.data(), ne, i, false);
+      const int64_t k = e.keys[i];
+      if (--meta_[k].want == 0) drop.push_back(k);
+    }
+  }
+  n_told_ += static_cast<int64_t>(add.size());
+  if (!add.empty()) send_intent(M_INTENT_ADD, add, ob);
+  if (!drop.empty()) drop_intents(drop, ob);
+}
+
+/// Intents that ended: replicas are dropped (their updates flushed to the
+/// owner), and the home hears of the drops of intents it was told of.
+inline void Engine::drop_intents(const std::vector<int64_t>& drop, Outbox& ob) {
+  std::map<int, Builder> flushes;  // per hinted owner: the updates of dropped replicas
+  std::vector<int64_t> told;
+  for (int64_t k : drop) {
+    Meta& m = meta_[k];
+    if (m.flags & F_UNTOLD) {
+      m.flags &= static_cast<uint8_t>(~F_UNTOLD);
+    } else {
+      told.push_back(k);
+    }
+    m.lock.lock();
+    if (m.state == REPLICA && !(m.flags & F_INCOMING)) {
+      m.state = NOT_HERE;
+      m.flags &= static_cast<uint8_t>(~F_DELTA);
+      if (m.dirty) {  // a clean replica has nothing to give back
+        m.dirty = 0;
+        flushes[m.hint].put(k, 0, sh_.delta(k), sh_.layout().row_bytes(k));
+        sh_.clear_delta(k);
+      }
+      sh_.release(k);
+    }
+    m.lock.unlock();
+  }
+  for (auto& [dest, b] : flushes) {
+    const int64_t ts = reqs_.add_internal(static_cast<int64_t>(b.keys.size()));
+    ob.to(dest, M_IPUSH, rank_, ts) = std::move(b);
+  }
+  if (!told.empty()) send_intent(M_INTENT_DROP, told, ob);
+}
+
+inline void Engine::send_intent(int32_t type, const std::vector<int64_t>& keys, Outbox& ob) {
+  std::vector<Builder*> per(size_, nullptr);
+  for (int64_t k : keys) {
+    const int d = dir_.home(k);
+    if (!per[d]) {
+      per[d] = &ob.to(d, type, rank_, reqs_.add_internal(1));
+      per[d]->keys.reserve(keys.size() / size_ + 16);
+      per[d]->pos.reserve(keys.size() / size_ + 16);
+    }
+    per[d]->put(k, 0, nullptr, 0);
+  }
+}
+
+/// Home: rank r intends (M_INTENT_ADD) or stopped intending (M_INTENT_DROP)
+/// these keys. One intending rank gets the key; several get replicas. A
+/// rank that reaches the owner's shard in place needs neither.
+inline void Engine::home_intent(int32_t type, int32_t r, const int64_t* keys, int64_t n, Outbox& ob) {
+  const bool moving = !shutting_down_;
+  for (int64_t i = 0; i < n; ++i) {
+    ahead(keys, n, i, type == M_INTENT_ADD);  // (the home often holds the key and hands it over)
+    const int64_t k = keys[i];
+    if (type == M_INTENT_ADD) {
+      dir_.intender_add(k, r);
+      const int cnt = dir_.intender_count(k);
+      if (!moving) continue;
+      const int own = meta_[k].owner;
+      if (tech_ == T_RELOC_ONLY) {
+        if (cnt == 1 && !shm_.reaches(r, own)) relocate(k, r, ob);
+      } else if (tech_ == T_REPL_ONLY) {
+        if (!shm_.reaches(r, own)) grant_replica(k, r, ob);
+      } else if (tech_ == T_ALL) {
+        if (cnt == 1) {
+          if (!shm_.reaches(r, own)) relocate(k, r, ob);
+        } else {
+          dir_.for_intenders(k, [&](int q) {
+            if (!shm_.reaches(q, own)) grant_replica(k, q, ob);
+          });
+        }
+      }
+    } else {
+      dir_.intender_remove(k, r);
+      if (moving && tech_ == T_ALL && dir_.intender_count(k) == 1) {
+        int q = -1;
+        dir_.for_intenders(k, [&](int x) { q = x; });
+        if (!shm_.reaches(q, meta_[k].owner)) relocate(k, q, ob);
+      }
+    }
+  }
+}
+
+}  // namespace kvps

@@ -1,0 +1,92 @@
+"""The intent cost model on 2 ranks exchanging messages (run under mpiexec -n 2).
+
+Checks:
+  * a stream of one-off keys (each intended once, for one clock) is first moved
+    (the model starts by trusting intent, as AdaPM does), then, once the rank
+    has seen that such keys do not come back, left at their owners: the
+    ``intent_classic`` counter grows, and such keys are served by messages;
+  * keys that recur (intended every clock) keep moving here and are served
+    locally, and a one-off key that then recurs is moved at once;
+  * intents with a window of several clocks always move their keys;
+  * every push, through whichever path, is counted exactly.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+
+import numpy as np
+from mpi4py import MPI
+
+import kvps
+
+faulthandler.dump_traceback_later(100)
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+assert size == 2
+NK, L = 200_000, 2
+
+kvps.setup(NK, 1, "all")
+s = kvps.Server(L, shared_memory=False, intent_lookahead=0)
+w = kvps.Worker(0, s)
+rng = np.random.default_rng(5)
+other = 1 - rank
+pushed = np.zeros(NK, dtype=np.int64)
+
+
+def foreign(n: int) -> np.ndarray:
+    """n distinct keys homed on the other rank, never used before."""
+    keys = np.unique(rng.integers(0, NK // 2, size=4 * n) * 2 + other)
+    keys = keys[pushed[keys] == 0][:n]
+    return np.ascontiguousarray(keys, dtype=np.int64)
+
+
+def step(keys: np.ndarray, window: int = 1) -> int:
+    """Intend keys for the current clock (window clocks), sync, push +1 to each, advance; the pull's timestamp."""
+    c = w.current_clock()
+    w.intent(keys, c, c + window)
+    w.wait_sync()
+    buf = np.zeros(len(keys) * L, dtype=np.float32)
+    ts = w.pull(keys, buf)
+    w.wait(w.push(keys, np.ones(len(keys) * L, dtype=np.float32)))
+    pushed[keys] += 1
+    w.advance_clock()
+    return ts
+
+
+hot = foreign(50)
+# one-off keys while the model still trusts intent: moved here
+assert step(foreign(20)) == -1, "fresh intents are moved while fresh keys have been seen to come back"
+assert step(hot) == -1
+before = s.stats()["intent_classic"]
+for _ in range(60):  # many one-off keys: the rank learns that they do not come back
+    step(foreign(300))
+    assert step(hot) == -1, "recurring keys must be moved here"
+st = s.stats()
+assert st["intent_classic"] > before, st
+late = foreign(300)
+assert step(late) != -1, "one-off keys should stay at their owner once the model learned they do not recur"
+assert s.stats()["intent_classic"] >= before + 300, s.stats()
+# the same keys again: they recur now, so they move (even within their window)
+assert step(late) == -1, "a recurring key was not moved"
+# a window of several clocks always moves its keys
+long = foreign(100)
+assert step(long, window=3) == -1
+s.barrier()
+# exact sums over every path
+allk = np.arange(NK, dtype=np.int64)
+total = comm.allreduce(pushed)
+for _ in range(2):
+    w.advance_clock()
+w.wait_sync()
+s.barrier()
+w.wait_sync()
+s.barrier()
+out = np.zeros(NK * L, dtype=np.float32)
+w.wait(w.pull(allk, out))
+assert np.array_equal(out, np.repeat(total.astype(np.float32), L)), "pushes were lost or doubled"
+st = s.stats()
+s.barrier()
+s.shutdown()
+if rank == 0:
+    print(f"cost model ok: {st}", flush=True)
