@@ -315,7 +315,7 @@ def lint(session: nox.Session) -> None:
         "--min-confidence",
         "60",
         "--ignore-decorators",
-        "@nox.session,@nox.parametrize",
+        "@nox.session,@nox.parametrize,@atexit.register",
     )
     srcs = [str(ROOT / "packages" / p / "src") for p in PACKAGES]
     session.run(

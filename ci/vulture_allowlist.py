@@ -72,6 +72,7 @@ _.wm_csr_row_ptr_tensor  # WholeGraph sampling ops
 _.wm_csr_col_ptr_tensor
 _.wm_csr_weight_ptr_tensor
 _.reset_params  # TorchShard ParallelLinear
+_.wait_replica_sync  # AdaPM's older name of Worker.wait_sync
 
 # --- module __getattr__ (PEP 562) and mpiad's torch.library registrations (`_` by convention)
 _.__getattr__
