@@ -93,9 +93,16 @@ def _fault(launcher: str, kind: str) -> ClusterResult:
 
 def test_mpi_job_ends_when_a_host_is_killed() -> None:
     res = _fault("mpiexec", "kill")
-    # the launch agent (our ssh) reports its host lost and exits 255 as ssh would; mpiexec fails with it
-    assert "distkit cluster agent: the command on dkh2 was killed by signal 9 (host dkh2 lost)" in res.stderr
-    assert res.launcher_codes == [255]
+    # Whichever mpiexec hears first names dkh2: the launch agent (our ssh) reporting its host lost
+    # (it exits 255 as ssh would), or the daemon's dropped connection (then mpiexec kills the agent
+    # before it can report).
+    assert re.search(
+        r"distkit cluster agent: the command on dkh2 was killed by signal 9 \(host dkh2 lost\)"
+        r"|PRTE has lost communication with a remote daemon.*on node dkh2",
+        res.stderr,
+        re.S,
+    ), res.stderr
+    assert res.returncode != 0
     assert all(r.code is None for r in res.ranks if r.host == "dkh2")
 
 
