@@ -95,5 +95,6 @@ def test_dcp_checksum_and_bad_input(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]  # the failed save left nothing
     with pytest.raises(ValueError, match="use_collectives=False is not supported"):  # raised as is by DCP
         _single(dcp.save, sd, storage_writer=cp.FileSystemWriter(tmp_path / "nc"), use_collectives=False)
-    with pytest.raises((CheckpointException, AssertionError), match="no checkpoint"):
+    # torch >= 2.13 passes the reader's error on; older DCP swallows it and fails on the missing metadata
+    with pytest.raises((CheckpointException, AssertionError), match="no checkpoint|metadata is None"):
         _single(dcp.load, {"w": torch.zeros(1)}, storage_reader=cp.FileSystemReader(tmp_path / "none"))
