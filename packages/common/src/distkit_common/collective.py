@@ -28,7 +28,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -58,13 +58,20 @@ class _Single:
         return [bytes(data)]
 
 
-class _MPIGroup:
-    """An mpi4py communicator, through buffer-based Allgather(v) (mpi4py's lowercase methods pickle)."""
+class MPIGroup:
+    """An mpi4py communicator, through buffer-based Allgather(v) (mpi4py's lowercase methods pickle).
 
-    def __init__(self, comm: Any) -> None:
+    ``wait``: when given, the gathers are nonblocking (``Iallgather(v)``) and
+    ``wait(request)`` completes each one. A package whose own progress thread
+    drives MPI traffic on the same ranks (kvps) passes a polling wait: a blocking
+    collective can stall behind that thread's messages across hosts.
+    """
+
+    def __init__(self, comm: Any, wait: Callable[[Any], None] | None = None) -> None:
         self.comm = comm
         self.rank = int(comm.Get_rank())
         self.size = int(comm.Get_size())
+        self.wait = wait
 
     def allgather_bytes(self, data: bytes) -> list[bytes]:
         import numpy as np
@@ -72,13 +79,19 @@ class _MPIGroup:
 
         n = np.array([len(data)], dtype=np.int64)
         counts = np.empty(self.size, dtype=np.int64)
-        self.comm.Allgather([n, MPI.INT64_T], [counts, MPI.INT64_T])
+        self._allgather([n, MPI.INT64_T], [counts, MPI.INT64_T], vector=False)
         displs = np.zeros(self.size, dtype=np.int64)
         np.cumsum(counts[:-1], out=displs[1:])
         recv = np.empty(int(counts.sum()), dtype=np.uint8)
         send = np.frombuffer(data, dtype=np.uint8) if data else np.empty(0, dtype=np.uint8)
-        self.comm.Allgatherv([send, MPI.BYTE], [recv, (counts.tolist(), displs.tolist()), MPI.BYTE])
+        self._allgather([send, MPI.BYTE], [recv, (counts.tolist(), displs.tolist()), MPI.BYTE], vector=True)
         return [recv[d : d + c].tobytes() for d, c in zip(displs.tolist(), counts.tolist())]
+
+    def _allgather(self, send: Any, recv: Any, *, vector: bool) -> None:
+        if self.wait is None:
+            (self.comm.Allgatherv if vector else self.comm.Allgather)(send, recv)
+        else:
+            self.wait((self.comm.Iallgatherv if vector else self.comm.Iallgather)(send, recv))
 
 
 class _TorchGroup:
@@ -137,10 +150,10 @@ def as_group(comm: Any = None) -> Group:
         if dist.is_available() and dist.is_initialized():
             return _TorchGroup(None)
         return _Single()
-    if isinstance(comm, (_Single, _MPIGroup, _TorchGroup)):
+    if isinstance(comm, (_Single, MPIGroup, _TorchGroup)):
         return comm
     if type(comm).__module__.startswith("mpi4py"):
-        return _MPIGroup(comm)
+        return MPIGroup(comm)
     try:
         import torch.distributed as dist
 
@@ -318,6 +331,7 @@ def all_ranks(comm: Any, step: str) -> Iterator[None]:
 __all__ = [
     "CollectiveError",
     "Group",
+    "MPIGroup",
     "RankFailure",
     "agree",
     "all_ranks",

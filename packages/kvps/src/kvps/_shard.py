@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from distkit_common import collective
+
 
 def wait_polling(req: Any) -> None:
     """Wait for a nonblocking MPI request by testing it, sleeping briefly in between.
@@ -21,27 +23,9 @@ def wait_polling(req: Any) -> None:
         time.sleep(50e-6)
 
 
-class PollingGroup:
+def polling_group(comm: Any) -> collective.MPIGroup:
     """``distkit_common.collective``'s group over an mpi4py communicator, waiting by :func:`wait_polling`."""
-
-    def __init__(self, comm: Any) -> None:
-        self.comm = comm
-        self.rank = int(comm.Get_rank())
-        self.size = int(comm.Get_size())
-
-    def allgather_bytes(self, data: bytes) -> list[bytes]:
-        """Every rank's ``data``, in rank order (collective)."""
-        from mpi4py import MPI
-
-        n = np.array([len(data)], dtype=np.int64)
-        counts = np.empty(self.size, dtype=np.int64)
-        wait_polling(self.comm.Iallgather([n, MPI.INT64_T], [counts, MPI.INT64_T]))
-        displs = np.zeros(self.size, dtype=np.int64)
-        np.cumsum(counts[:-1], out=displs[1:])
-        recv = np.empty(int(counts.sum()), dtype=np.uint8)
-        send = np.frombuffer(data, dtype=np.uint8) if data else np.empty(0, dtype=np.uint8)
-        wait_polling(self.comm.Iallgatherv([send, MPI.BYTE], [recv, (counts.tolist(), displs.tolist()), MPI.BYTE]))
-        return [recv[int(d) : int(d) + int(c)].tobytes() for d, c in zip(displs, counts)]
+    return collective.MPIGroup(comm, wait=wait_polling)
 
 
 class LocalShard:
@@ -68,7 +52,7 @@ class LocalShard:
         self._engine = engine
         self.comm = comm
         #: what distkit_common.collective's helpers get (see wait_polling)
-        self.group = PollingGroup(comm)
+        self.group = polling_group(comm)
         self.lengths = lengths
         self.dtype = dtype
         self.rule = dict(rule)
