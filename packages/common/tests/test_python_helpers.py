@@ -136,6 +136,8 @@ def test_run_mpi_kills_a_hung_job_and_reaps_it() -> None:
     with pytest.raises(AssertionError, match="timed out after 5s") as err:
         testing.run_mpi(SCRIPTS / "ranks.py", 2, args=["--hang-rank", "0"], timeout=5)
     assert time.monotonic() - t0 < 60
+    # before the kill, every hung rank wrote where it was (faulthandler on SIGABRT)
+    assert "most recent call first" in str(err.value) and "ranks.py" in str(err.value)
     # Open MPI's shared-memory files of the killed job lived in a private folder, now removed
     backing = {line.split()[1] for line in str(err.value).splitlines() if line.startswith("backing /dev/shm/")}
     assert len(backing) == 1

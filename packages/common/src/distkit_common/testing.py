@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -82,6 +83,8 @@ def mpi_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
     env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # a rank that hangs past the timeout writes its threads' tracebacks on the SIGABRT _run sends
+    env.setdefault("PYTHONFAULTHANDLER", "1")
     if extra:
         env.update(extra)
     return env
@@ -121,9 +124,12 @@ def _run(cmd: Sequence[str], env: Mapping[str, str], timeout: float, cwd: str | 
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        # SIGTERM first: mpiexec forwards it and cleans up its shared-memory files;
-        # then SIGKILL for whatever is left of the tree.
         victims = [proc.pid, *_descendants(proc.pid)]
+        # SIGABRT to the Python processes first: with PYTHONFAULTHANDLER set (run_mpi
+        # sets it) each writes every thread's traceback to stderr, so a hang says where.
+        _dump_python_stacks(victims)
+        # then SIGTERM: mpiexec forwards it and cleans up its shared-memory files;
+        # then SIGKILL for whatever is left of the tree.
         proc.terminate()
         try:
             proc.wait(timeout=5)
@@ -139,6 +145,25 @@ def _run(cmd: Sequence[str], env: Mapping[str, str], timeout: float, cwd: str | 
     finally:
         _kill_group(proc.pid)  # reap any straggler left in the session
     return RunResult(proc.returncode, out, err)
+
+
+def _dump_python_stacks(pids: list[int], wait: float = 2.0) -> None:
+    """Ask every Python process among ``pids`` for its tracebacks (faulthandler on SIGABRT)."""
+    hit = False
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv0 = f.read().split(b"\0", 1)[0]
+        except OSError:
+            continue
+        if b"python" in os.path.basename(argv0):
+            try:
+                os.kill(pid, signal.SIGABRT)
+                hit = True
+            except (ProcessLookupError, PermissionError):
+                pass
+    if hit:
+        time.sleep(wait)
 
 
 def _descendants(pid: int) -> list[int]:
