@@ -73,7 +73,22 @@ class SGD(Optimizer):
 
 
 @dataclass(frozen=True)
-class Adagrad(Optimizer):
+class _LrEps(Optimizer):
+    """The checks and engine arguments of the rules that take only ``lr`` and ``eps``."""
+
+    lr: float = 1e-2
+    eps: float = 1e-10
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lr", _number(self.lr, "lr"))
+        object.__setattr__(self, "eps", _number(self.eps, "eps"))
+
+    def _engine_args(self) -> tuple[int, float, float, float, float]:
+        return (_kvps.RULES[self.name], self.lr, self.eps, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class Adagrad(_LrEps):
     """``torch.optim.Adagrad`` (no lr decay or weight decay; accumulators start at 0).
 
     State: one accumulator per element.
@@ -88,16 +103,9 @@ class Adagrad(Optimizer):
     eps: float = 1e-10
     name: ClassVar[str] = "adagrad"
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "lr", _number(self.lr, "lr"))
-        object.__setattr__(self, "eps", _number(self.eps, "eps"))
-
-    def _engine_args(self) -> tuple[int, float, float, float, float]:
-        return (_kvps.RULES[self.name], self.lr, self.eps, 0.0, 0.0)
-
 
 @dataclass(frozen=True)
-class RowWiseAdagrad(Optimizer):
+class RowWiseAdagrad(_LrEps):
     """Row-wise Adagrad, TorchRec/FBGEMM's default for embedding tables.
 
     One accumulator per row: ``acc += mean(g**2)``; ``p -= lr * g / (sqrt(acc) + eps)``.
@@ -111,13 +119,6 @@ class RowWiseAdagrad(Optimizer):
     lr: float = 1e-2
     eps: float = 1e-8
     name: ClassVar[str] = "rowwise_adagrad"
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "lr", _number(self.lr, "lr"))
-        object.__setattr__(self, "eps", _number(self.eps, "eps"))
-
-    def _engine_args(self) -> tuple[int, float, float, float, float]:
-        return (_kvps.RULES[self.name], self.lr, self.eps, 0.0, 0.0)
 
 
 @dataclass(frozen=True)
