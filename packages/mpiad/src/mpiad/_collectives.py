@@ -77,7 +77,8 @@ def allreduce(comm: int, t: Tensor, op: int, nb: bool = False) -> Any:
     """Elementwise reduction over all ranks; a new tensor on every rank."""
     debug_check(comm, _id(OP_ALLREDUCE, nb), t, op)
     x = to_mpi(t)
-    out = new_output(x) if x.is_cpu else mpi_empty(x.shape, x)
+    # a CUDA input staged through host memory gets a pinned output too (its copy back is faster)
+    out = mpi_empty(x.shape, t) if t.is_cuda else new_output(x)
     args = (comm, x.data_ptr(), out.data_ptr(), x.nbytes, CODE[x.dtype], op)
     return _run(nb, _mpiad.allreduce_fast, _mpiad.iallreduce, args, (x, out), lambda: from_mpi(out, t))
 
