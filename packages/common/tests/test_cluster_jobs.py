@@ -123,6 +123,19 @@ def test_mpi_job_ends_when_a_host_loses_its_link() -> None:
     assert [r.rank for r in res.failed_ranks()] == [0, 1, 2, 3]
 
 
+def test_mpi_job_ends_when_a_host_loses_its_link_with_output_in_flight() -> None:
+    # keepalive probes only idle connections: dkh2's daemon, forwarding its ranks' output, has
+    # unacknowledged data when the link goes, and notices only through TCP's retransmission
+    # timeout (cluster.TCP_RETRIES2; with the kernel's default it outlived the job, 2 of 2 runs)
+    res = run_cluster(
+        2, 2, MPI_JOB, 180, args=["--chatty-host", "dkh2"], fault=Fault("link_down", "dkh2", after_line="LOOP RUNNING")
+    )
+    print(f"mpiexec link_down, output in flight: ended on every host {res.ended_after_fault:.1f} s after the fault")
+    _no_job_left()
+    assert re.search(r"PRTE has lost communication with a remote daemon.*on node dkh2", res.stderr, re.S)
+    assert all(r.code is None for r in res.ranks if r.host == "dkh2")
+
+
 def test_torchrun_2x2_gloo_sums_exactly_then_ends_when_a_host_is_killed() -> None:
     res = _fault("torchrun", "kill")
     # before the fault: every rank on its host, MASTER_ADDR the first host, an exact sum (one job

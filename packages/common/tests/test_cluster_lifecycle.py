@@ -58,6 +58,9 @@ def test_session_brings_up_named_resolvable_hosts_and_removes_everything() -> No
             for other in c.hosts:
                 assert _on(h.name, "getent", "hosts", other.name).split()[0] == other.address
         assert socket.gethostbyname("dkh3") == "10.213.0.3"
+        # a host notices a cut link within seconds also with data in flight (see TCP_RETRIES2)
+        for h in c.hosts:
+            assert _on(h.name, "cat", "/proc/sys/net/ipv4/tcp_retries2").strip() == str(cluster.TCP_RETRIES2)
         # hosts reach each other over TCP (and only over the cluster's network: no default route)
         assert "default" not in _on("dkh2", "ip", "route")
         server = subprocess.Popen(

@@ -66,11 +66,6 @@ def test_killed_ranks_of_a_host_end_the_job_and_keep_the_checkpoint(tmp_path: Pa
     assert res.launcher_codes[0] != 0
 
 
-@pytest.mark.xfail(
-    reason="known issue (#14): after the other cluster tests of a full session, the cut-off host's PRRTE "
-    "daemon and its ranks (sleeping inside the save) sometimes outlive the 30 s limit; passes when run alone",
-    strict=False,
-)
 def test_host_losing_its_link_ends_the_job_and_keeps_the_checkpoint(tmp_path: Path) -> None:
     res = _fault_during_save(tmp_path, "link_down")
     # PRRTE's keepalive (cluster.env) declares the host lost; its own daemon ends its ranks

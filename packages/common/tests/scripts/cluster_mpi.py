@@ -1,7 +1,9 @@
 """Job for test_cluster: every rank reports where it runs and an exact allreduce sum (mpi4py).
 
 --fail-rank R: rank R raises after the sum; --hang-rank R: rank R sleeps forever;
---loop: allreduce until killed, rank 0 printing LOOP RUNNING once under way (fault tests).
+--loop: allreduce until killed, rank 0 printing LOOP RUNNING once under way (fault tests);
+--chatty-host H: instead, the ranks on host H write output without pause (never idle in MPI) and
+the others wait in a barrier, so H's daemon always has output in flight to mpiexec.
 """
 
 import argparse
@@ -17,6 +19,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--hang-rank", type=int, default=-1)
 parser.add_argument("--loop", action="store_true")
+parser.add_argument("--chatty-host", default="")
 args = parser.parse_args()
 
 comm = MPI.COMM_WORLD
@@ -37,6 +40,16 @@ if rank == args.fail_rank:
     raise ValueError(f"boom from rank {rank}")
 if rank == args.hang_rank:
     time.sleep(3600)
+if args.chatty_host:
+    comm.Barrier()
+    if rank == 0:
+        print("LOOP RUNNING", flush=True)
+    if socket.gethostname() == args.chatty_host:
+        for i in range(10**9):
+            sys.stdout.write(f"rank {rank} line {i} {'x' * 200}\n")
+            sys.stdout.flush()
+            time.sleep(0.001)
+    comm.Barrier()
 if args.loop:
     for i in range(10**9):
         comm.Allreduce(x, y)
