@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -210,6 +211,42 @@ def test_heartbeat_names_a_frozen_peer_and_ignores_one_that_stopped() -> None:
         host = socket.gethostname()
         assert len(lost) == 1 and f"rank 0 on {host} lost rank 2 on {host} (no heartbeat for" in lost[0]
         watchers[0].stop()
+    finally:
+        frozen.kill()
+        frozen.communicate()
+
+
+def test_heartbeat_explains_an_error_that_beat_its_timeout(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    """TCP may give up on a cut link before the heartbeat's timeout: the exception leaving
+    watch() is then preceded by the heartbeat's account of who went silent."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    frozen, up = _child(_RANK, str(store.port), "2")
+    try:
+        assert up == "UP"
+        peer = heartbeat.Heartbeat("127.0.0.1", store.port, 1, 3, interval=0.2, timeout=60.0).start()
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(store.port))
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "3")
+
+        def job() -> None:
+            with heartbeat.watch(interval=0.2, timeout=60.0) as hb:
+                time.sleep(1.0)
+                assert hb.explain() is None  # everyone beats: nothing to say
+                os.kill(frozen.pid, signal.SIGSTOP)
+                time.sleep(1.5)
+                assert [(r, s >= 0.6) for r, _, s in hb.silent_peers(0.6)] == [(2, True)]
+                raise RuntimeError("Read error [10.213.0.2]:49855: Connection timed out")
+
+        with pytest.raises(RuntimeError, match="Connection timed out"):
+            job()
+        host = socket.gethostname()
+        err = capsys.readouterr().err
+        assert f"distkit heartbeat: rank 0 on {host} lost rank 2 on {host} (no heartbeat for" in err
+        assert "before the error below" in err
+        peer.stop(wait_for_peers=False)
     finally:
         frozen.kill()
         frozen.communicate()

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 import mpiad
+from distkit_common.testing import collect_ddp
 
 W = MPI.COMM_WORLD
 rank, size = W.rank, W.size
@@ -225,6 +226,7 @@ def main() -> None:
         overlap()
         overlap_idle()
     finally:
+        collect_ddp()  # data_parallel's DDP, before its process group goes
         dist.destroy_process_group()
         W.Barrier()
         if rank == 0:

@@ -44,6 +44,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import wholemem as wg
+from distkit_common.testing import collect_ddp
 from wholemem.pyg import NeighborLoader
 
 # isort: split
@@ -360,6 +361,8 @@ def main() -> None:
             nodes=args.nodes,
         )
         benchmark(args, graph, x, y, emb, parts, mem_before, mem_shared)
+    del model, opt  # DDP holds the process group: free it while the group is alive (collect_ddp)
+    collect_ddp()
     comm.destroy()
     wg.finalize_lib()
     dist.destroy_process_group()

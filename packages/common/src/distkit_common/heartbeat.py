@@ -18,6 +18,14 @@ and ends itself (exit code :data:`LOST_PEER_EXIT_CODE`): a collective blocked
 in C++ cannot be interrupted from Python (``ProcessGroup.abort()`` does not
 wake a gloo wait), and a job that lost a member cannot go on anyway.
 
+The network may give up first: with data in flight, TCP declares a cut link
+dead after ``net.ipv4.tcp_retries2`` retransmissions (about 13 s at 5; see
+``ci/cluster/README.md``), and the collective raises gloo's ``Connection timed
+out`` naming only an address. When an exception leaves :func:`watch`, the rank
+therefore prints what its heartbeat knows at that moment - the same
+``lost rank 2 on dkh2`` line, or the store it lost contact with - before the
+exception goes on.
+
 Usage, right after ``init_process_group``::
 
     from distkit_common import heartbeat
@@ -112,6 +120,10 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._reported = False
         self._wait_for_peers = True
+        # what the beating thread last saw, for silent_peers(): peer -> monotonic time its
+        # counter last moved, and peer -> hostname
+        self._changed: dict[int, float] = {}
+        self._names: dict[int, str] = {}
 
     # -- lifecycle
     def start(self) -> Heartbeat:
@@ -161,6 +173,35 @@ class Heartbeat:
     def _key(self, kind: str, rank: int) -> str:
         return f"{_PREFIX}/{kind}/{rank}"
 
+    def silent_peers(self, at_least: float) -> list[tuple[int, str, float]]:
+        """``(rank, hostname, seconds)`` of every watched peer whose heartbeat has not moved
+        for ``at_least`` seconds (hostname ``'?'`` where its name never arrived)."""
+        now = time.monotonic()
+        with self._lock:
+            changed, names = dict(self._changed), dict(self._names)
+        return [(r, names.get(r, "?"), now - t) for r, t in sorted(changed.items()) if now - t >= at_least]
+
+    def explain(self) -> str | None:
+        """The heartbeat's account of a failure that has just happened, or None when every
+        peer and the store answered recently (the failure is not a lost peer). Silence of
+        three beat intervals counts: live peers beat every interval, also during a
+        collective, since the beats come from a thread of their own."""
+        quiet = 3 * self.interval
+        store_silent = time.monotonic() - self._answered
+        if store_silent >= quiet:
+            return (
+                f"distkit heartbeat: rank {self.rank} on {self.hostname} lost contact with the job's store "
+                f"on {self.host}:{self.port} (no answer for {store_silent:.1f} s) before the error below"
+            )
+        lost = self.silent_peers(quiet)
+        if not lost:
+            return None
+        who = ", ".join(f"rank {r} on {name}" for r, name, _ in lost)
+        return (
+            f"distkit heartbeat: rank {self.rank} on {self.hostname} lost {who} "
+            f"(no heartbeat for {max(s for _, _, s in lost):.1f} s) before the error below"
+        )
+
     def _report(self, message: str) -> None:
         with self._lock:
             if self._reported:
@@ -187,6 +228,8 @@ class Heartbeat:
         last: dict[int, int] = {}
         changed: dict[int, float] = dict.fromkeys(peers, time.monotonic())
         names: dict[int, str] = {}
+        with self._lock:
+            self._changed, self._names = dict(changed), names
         while not self._stop.wait(self.interval):
             try:
                 store.add(self._key("beat", self.rank), 1)
@@ -207,11 +250,14 @@ class Heartbeat:
                     last[r], changed[r] = int(b), now
                 elif now - changed[r] > (self.timeout if int(b) > 0 else max(STARTUP_GRACE_S, self.timeout)):
                     lost.append(r)
-            if lost and not self._stop.is_set():
-                for r in lost:
+            for r in peers:  # each peer's name, once it has set it (for explain())
+                if r not in names:
                     with contextlib.suppress(Exception):
-                        if r not in names and store.check([self._key("host", r)]):
+                        if store.check([self._key("host", r)]):
                             names[r] = store.get(self._key("host", r)).decode()
+            with self._lock:  # done peers are not watched any more
+                self._changed = {r: changed[r] for r, d in zip(peers, values[len(peers) :]) if not int(d)}
+            if lost and not self._stop.is_set():
                 who = ", ".join(f"rank {r} on {names.get(r, '?')}" for r in lost)
                 silent = max(now - changed[r] for r in lost)
                 self._report(
@@ -275,11 +321,15 @@ def watch(
     on_lost: Callable[[str], None] | None = None,
 ) -> Iterator[Heartbeat]:
     """``with watch(): ...`` - :func:`start` on entry; ``stop()`` on exit, waiting for the
-    peers only when the block ends without an exception."""
+    peers only when the block ends without an exception. An exception leaving the block is
+    preceded on stderr by :meth:`Heartbeat.explain` when it has anything to say."""
     hb = start(interval=interval, timeout=timeout, on_lost=on_lost)
     try:
         yield hb
     except BaseException:
+        account = hb.explain()  # e.g. TCP gave up on a cut link before the heartbeat timed out
+        if account:
+            print(account, file=sys.stderr, flush=True)
         hb.stop(wait_for_peers=False)
         raise
     hb.stop()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import importlib.util
 import multiprocessing as mp
 import os
@@ -380,6 +381,20 @@ class ClusterResult(RunResult):
     def failed_ranks(self) -> list[RankExit]:
         """Ranks that exited non-zero or left no exit code (killed, never started)."""
         return [r for r in self.ranks if r.code != 0]
+
+
+def collect_ddp() -> None:
+    """Free the ``DistributedDataParallel`` objects nothing references any more; call it
+    before ``torch.distributed.destroy_process_group()``.
+
+    A DDP module sits in a reference cycle, so it outlives the function that made it until
+    the cyclic garbage collector runs: perhaps after the process group was destroyed, inside
+    another object's destructor or at interpreter exit. Its reducer then releases the gloo
+    process group with the GIL held while gloo's worker threads may need the GIL to free
+    their last tensors: the process hangs at exit or aborts ("terminate called without an
+    active exception"). Collected here, while the group is alive and idle, it goes quietly.
+    """
+    gc.collect()
 
 
 def collective_timeout(default: float = 1800.0) -> datetime.timedelta:

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import shardlayers as ts
-from distkit_common.testing import init_process_group
+from distkit_common.testing import collect_ddp, init_process_group
 from shardlayers._split import shard_extent
 
 try:
@@ -230,6 +230,7 @@ def body(rank: int, size: int, store: str, folder: str) -> None:
     dist.barrier()
     run_tp2dp2(rank, folder)
     dist.barrier()
+    collect_ddp()  # run_tp2dp2's DDP, before its process groups go
     ts.distributed.destroy_process_group()
     dist.destroy_process_group()
     if rank == 0:
