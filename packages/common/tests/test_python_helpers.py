@@ -6,6 +6,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -180,6 +181,24 @@ def test_run_spawn() -> None:
         testing.run_spawn(_spawn_fail, 2, timeout=120)
     with pytest.raises(AssertionError, match="timed out"):
         testing.run_spawn(_spawn_hang, 2, timeout=3)
+
+
+def _rows_body(rank: int, size: int, store: str, rows_path: str, cfg: dict[str, Any]) -> None:
+    import json
+
+    with open(rows_path, "a") as f:  # each rank appends whole lines
+        f.write(json.dumps({"rank": rank, "x": cfg["x"] * (rank + 1)}) + "\n")
+    if cfg.get("hang_rank") == rank:
+        time.sleep(600)
+
+
+@pytest.mark.spawn
+def test_run_spawn_rows_keeps_the_rows_of_a_run_that_failed() -> None:
+    rows, error = testing.run_spawn_rows(_rows_body, 2, {"x": 3}, 120)
+    assert error is None and sorted((r["rank"], r["x"]) for r in rows) == [(0, 3), (1, 6)]
+    rows, error = testing.run_spawn_rows(_rows_body, 2, {"x": 5, "hang_rank": 1}, 5)
+    assert error is not None and "timed out" in error
+    assert sorted((r["rank"], r["x"]) for r in rows) == [(0, 5), (1, 10)]
 
 
 def test_mpiexec_command_honours_env(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -74,7 +74,6 @@ import math
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -840,43 +839,38 @@ def main() -> int:
         print("SKIP: no CUDA GPU (or shardlayers was built without nvcc)", flush=True)
         save()
         return 0
-    from distkit_common.testing import run_spawn
+    from distkit_common.testing import run_spawn_rows
 
     configs = [(1, body_one, cases)]
     if not opts.no_two_ranks:
         configs.append((2, body_two, DRY_TWO_RANK_CASES if opts.cpu_dry_run else TWO_RANK_CASES))
     failed: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="xent-bench-gpu-") as tmp:
-        for ranks, body, cfg_cases in configs:
-            left = opts.budget - (time.monotonic() - t0)
-            # the 1-rank run may not take the time the 2-rank one needs (a cold start takes the longest)
-            timeout = min(left, 0.72 * opts.budget) if ranks == 1 and len(configs) > 1 else left
-            if timeout < (10 if ranks == 1 else 15):  # 2 processes start, then 2 shapes
-                msg = f"{ranks} rank(s): skipped, {left:.0f} s of the budget left"
-                print(f"SKIP: {msg}", flush=True)
-                if ranks == 1:
-                    failed.append(msg)
-                continue
-            out_path = os.path.join(tmp, f"ranks{ranks}.jsonl")
-            print(f"# {ranks} rank(s): {len(cfg_cases)} shape(s), deadline in {timeout:.0f} s", flush=True)
-            cfg = {
-                "cuda": cuda,
-                "cases": cfg_cases,
-                "reps": opts.reps,
-                "warmup": opts.warmup,
-                "max_bytes": opts.max_gb * 1e9,
-                "loss_parallel": not opts.no_loss_parallel,
-                "deadline": time.time() + timeout,
-            }
-            try:
-                run_spawn(body, ranks, args=(out_path, cfg), timeout=timeout)
-            except AssertionError as e:
-                failed.append(f"{ranks} rank(s): {e}")
-                print(f"ERROR: {failed[-1]}", flush=True)
-            if os.path.exists(out_path):
-                with open(out_path) as f:
-                    results += [json.loads(line) for line in f if line.strip()]
-            save()
+    for ranks, body, cfg_cases in configs:
+        left = opts.budget - (time.monotonic() - t0)
+        # the 1-rank run may not take the time the 2-rank one needs (a cold start takes the longest)
+        timeout = min(left, 0.72 * opts.budget) if ranks == 1 and len(configs) > 1 else left
+        if timeout < (10 if ranks == 1 else 15):  # 2 processes start, then 2 shapes
+            msg = f"{ranks} rank(s): skipped, {left:.0f} s of the budget left"
+            print(f"SKIP: {msg}", flush=True)
+            if ranks == 1:
+                failed.append(msg)
+            continue
+        print(f"# {ranks} rank(s): {len(cfg_cases)} shape(s), deadline in {timeout:.0f} s", flush=True)
+        cfg = {
+            "cuda": cuda,
+            "cases": cfg_cases,
+            "reps": opts.reps,
+            "warmup": opts.warmup,
+            "max_bytes": opts.max_gb * 1e9,
+            "loss_parallel": not opts.no_loss_parallel,
+            "deadline": time.time() + timeout,
+        }
+        rows, error = run_spawn_rows(body, ranks, cfg, timeout)
+        results += rows
+        if error:
+            failed.append(f"{ranks} rank(s): {error}")
+            print(f"ERROR: {failed[-1]}", flush=True)
+        save()
     if results:
         print(_table(results), flush=True)
     wrong = [r["name"] for r in results if r.get("correct") is False]

@@ -57,7 +57,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -257,35 +256,30 @@ def main() -> int:
         print("SKIP: no CUDA GPU (or wholemem was built without nvcc)", flush=True)
         save()
         return 0
-    from distkit_common.testing import run_spawn
+    from distkit_common.testing import run_spawn_rows
 
     failed = []
-    with tempfile.TemporaryDirectory(prefix="wm-bench-gpu-") as tmp:
-        for ranks in (1,) if opts.no_two_ranks else (1, 2):
-            left = opts.budget - (time.monotonic() - t0)
-            # the 1-rank run may not take the time the 2-rank one needs (a cold start takes the longest)
-            timeout = min(left, 0.75 * opts.budget) if ranks == 1 and not opts.no_two_ranks else left
-            if timeout < 10:
-                failed.append(f"{ranks} rank(s): skipped, {left:.0f} s of the budget left")
-                print(f"ERROR: {failed[-1]}", flush=True)
-                continue
-            out_path = os.path.join(tmp, f"ranks{ranks}.jsonl")
-            cfg = {
-                "rows": opts.rows,
-                "nidx": opts.nidx,
-                "reps": opts.reps,
-                "copy_bytes": opts.copy_mib << 20,
-                "deadline": time.time() + timeout,
-            }
-            try:
-                run_spawn(_body, ranks, args=(out_path, cfg), timeout=timeout)
-            except AssertionError as e:
-                failed.append(f"{ranks} rank(s): {e}")
-                print(f"ERROR: {failed[-1]}", flush=True)
-            if os.path.exists(out_path):
-                with open(out_path) as f:
-                    results += [json.loads(line) for line in f if line.strip()]
-            save()
+    for ranks in (1,) if opts.no_two_ranks else (1, 2):
+        left = opts.budget - (time.monotonic() - t0)
+        # the 1-rank run may not take the time the 2-rank one needs (a cold start takes the longest)
+        timeout = min(left, 0.75 * opts.budget) if ranks == 1 and not opts.no_two_ranks else left
+        if timeout < 10:
+            failed.append(f"{ranks} rank(s): skipped, {left:.0f} s of the budget left")
+            print(f"ERROR: {failed[-1]}", flush=True)
+            continue
+        cfg = {
+            "rows": opts.rows,
+            "nidx": opts.nidx,
+            "reps": opts.reps,
+            "copy_bytes": opts.copy_mib << 20,
+            "deadline": time.time() + timeout,
+        }
+        rows, error = run_spawn_rows(_body, ranks, cfg, timeout)
+        results += rows
+        if error:
+            failed.append(f"{ranks} rank(s): {error}")
+            print(f"ERROR: {failed[-1]}", flush=True)
+        save()
     if results:
         print(_table(results), flush=True)
     for msg in failed:

@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import gc
 import importlib.util
+import json
 import multiprocessing as mp
 import os
 import shlex
@@ -381,6 +382,30 @@ class ClusterResult(RunResult):
     def failed_ranks(self) -> list[RankExit]:
         """Ranks that exited non-zero or left no exit code (killed, never started)."""
         return [r for r in self.ranks if r.code != 0]
+
+
+def run_spawn_rows(
+    fn: Callable[..., Any], nprocs: int, cfg: Mapping[str, Any], timeout: float
+) -> tuple[list[dict[str, Any]], str | None]:
+    """:func:`run_spawn` for benchmarks that report rows as they measure them.
+
+    Runs ``fn(rank, size, store_path, rows_path, cfg)``; ``fn`` appends one JSON object per
+    line to ``rows_path``. Returns every row written, also those of a run that failed or
+    ran past ``timeout``, and that failure (None when every rank exited 0): one hung
+    configuration keeps the results measured before it.
+    """
+    with tempfile.TemporaryDirectory(prefix="distkit-rows-") as tmp:
+        rows_path = os.path.join(tmp, "rows.jsonl")
+        error = None
+        try:
+            run_spawn(fn, nprocs, args=(rows_path, dict(cfg)), timeout=timeout)
+        except AssertionError as e:
+            error = str(e)
+        rows: list[dict[str, Any]] = []
+        if os.path.exists(rows_path):
+            with open(rows_path) as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+    return rows, error
 
 
 def collect_ddp() -> None:
