@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 import mpiad
-from distkit_common.testing import collect_ddp
+from distkit_common.testing import destroy_process_group
 
 W = MPI.COMM_WORLD
 rank, size = W.rank, W.size
@@ -226,8 +226,7 @@ def main() -> None:
         overlap()
         overlap_idle()
     finally:
-        collect_ddp()  # data_parallel's DDP, before its process group goes
-        dist.destroy_process_group()
+        destroy_process_group()  # frees data_parallel's DDP first
         W.Barrier()
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -44,7 +44,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import wholemem as wg
-from distkit_common.testing import collect_ddp
+from distkit_common.testing import destroy_process_group
 from wholemem.pyg import NeighborLoader
 
 # isort: split
@@ -361,11 +361,10 @@ def main() -> None:
             nodes=args.nodes,
         )
         benchmark(args, graph, x, y, emb, parts, mem_before, mem_shared)
-    del model, opt  # DDP holds the process group: free it while the group is alive (collect_ddp)
-    collect_ddp()
+    del model, opt  # DDP holds the process group: destroy_process_group frees it first
     comm.destroy()
     wg.finalize_lib()
-    dist.destroy_process_group()
+    destroy_process_group()
     mpi.Barrier()
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)

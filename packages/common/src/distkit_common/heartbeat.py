@@ -173,6 +173,17 @@ class Heartbeat:
     def _key(self, kind: str, rank: int) -> str:
         return f"{_PREFIX}/{kind}/{rank}"
 
+    def _lost_peers_text(self, lost: list[tuple[int, str, float]]) -> str:
+        who = ", ".join(f"rank {r} on {name}" for r, name, _ in lost)
+        silent = max(s for _, _, s in lost)
+        return f"distkit heartbeat: rank {self.rank} on {self.hostname} lost {who} (no heartbeat for {silent:.1f} s)"
+
+    def _lost_store_text(self, why: str) -> str:
+        return (
+            f"distkit heartbeat: rank {self.rank} on {self.hostname} lost contact with the job's store "
+            f"on {self.host}:{self.port} ({why})"
+        )
+
     def silent_peers(self, at_least: float) -> list[tuple[int, str, float]]:
         """``(rank, hostname, seconds)`` of every watched peer whose heartbeat has not moved
         for ``at_least`` seconds (hostname ``'?'`` where its name never arrived)."""
@@ -189,18 +200,9 @@ class Heartbeat:
         quiet = 3 * self.interval
         store_silent = time.monotonic() - self._answered
         if store_silent >= quiet:
-            return (
-                f"distkit heartbeat: rank {self.rank} on {self.hostname} lost contact with the job's store "
-                f"on {self.host}:{self.port} (no answer for {store_silent:.1f} s) before the error below"
-            )
+            return self._lost_store_text(f"no answer for {store_silent:.1f} s") + " before the error below"
         lost = self.silent_peers(quiet)
-        if not lost:
-            return None
-        who = ", ".join(f"rank {r} on {name}" for r, name, _ in lost)
-        return (
-            f"distkit heartbeat: rank {self.rank} on {self.hostname} lost {who} "
-            f"(no heartbeat for {max(s for _, _, s in lost):.1f} s) before the error below"
-        )
+        return self._lost_peers_text(lost) + " before the error below" if lost else None
 
     def _report(self, message: str) -> None:
         with self._lock:
@@ -213,10 +215,7 @@ class Heartbeat:
         while not self._stop.wait(self.interval):
             silent = time.monotonic() - self._answered
             if silent > self.timeout:
-                self._report(
-                    f"distkit heartbeat: rank {self.rank} on {self.hostname} lost contact with the job's store "
-                    f"on {self.host}:{self.port} (no answer for {silent:.1f} s); ending this process"
-                )
+                self._report(self._lost_store_text(f"no answer for {silent:.1f} s") + "; ending this process")
                 return
 
     def _beat(self) -> None:
@@ -236,10 +235,8 @@ class Heartbeat:
                 values = store.multi_get(beat_keys + done_keys)
             except Exception as exc:  # the store's host closed the connection (it crashed)
                 if not self._stop.is_set():
-                    self._report(
-                        f"distkit heartbeat: rank {self.rank} on {self.hostname} lost contact with the job's store "
-                        f"on {self.host}:{self.port} ({type(exc).__name__}: {_first_line(exc)}); ending this process"
-                    )
+                    why = f"{type(exc).__name__}: {_first_line(exc)}"
+                    self._report(self._lost_store_text(why) + "; ending this process")
                 return
             now = self._answered = time.monotonic()
             lost = []
@@ -258,12 +255,8 @@ class Heartbeat:
             with self._lock:  # done peers are not watched any more
                 self._changed = {r: changed[r] for r, d in zip(peers, values[len(peers) :]) if not int(d)}
             if lost and not self._stop.is_set():
-                who = ", ".join(f"rank {r} on {names.get(r, '?')}" for r in lost)
-                silent = max(now - changed[r] for r in lost)
-                self._report(
-                    f"distkit heartbeat: rank {self.rank} on {self.hostname} lost {who} "
-                    f"(no heartbeat for {silent:.1f} s); ending this process"
-                )
+                gone = [(r, names.get(r, "?"), now - changed[r]) for r in lost]
+                self._report(self._lost_peers_text(gone) + "; ending this process")
                 return
         with contextlib.suppress(Exception):  # stopped: tell the peers not to expect more beats
             store.add(self._key("done", self.rank), 1)

@@ -408,9 +408,9 @@ def run_spawn_rows(
     return rows, error
 
 
-def collect_ddp() -> None:
-    """Free the ``DistributedDataParallel`` objects nothing references any more; call it
-    before ``torch.distributed.destroy_process_group()``.
+def destroy_process_group() -> None:
+    """``torch.distributed.destroy_process_group()`` after freeing the
+    ``DistributedDataParallel`` modules nothing references any more.
 
     A DDP module sits in a reference cycle, so it outlives the function that made it until
     the cyclic garbage collector runs: perhaps after the process group was destroyed, inside
@@ -419,7 +419,10 @@ def collect_ddp() -> None:
     their last tensors: the process hangs at exit or aborts ("terminate called without an
     active exception"). Collected here, while the group is alive and idle, it goes quietly.
     """
+    import torch.distributed as dist
+
     gc.collect()
+    dist.destroy_process_group()
 
 
 def collective_timeout(default: float = 1800.0) -> datetime.timedelta:

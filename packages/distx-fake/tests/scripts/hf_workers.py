@@ -15,7 +15,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from distkit_common.testing import collect_ddp, init_process_group
+from distkit_common.testing import destroy_process_group, init_process_group
 from distx_fake import checkpoint as cp
 from distx_fake import deferred_init as di
 
@@ -44,8 +44,7 @@ def train_save_then_load_pretrained_body(rank: int, size: int, store: str, path:
     init_process_group(rank, size, store)
     train_save(rank, size, path)
     load_pretrained(rank, size, pretrained)
-    collect_ddp()  # train_save's DDP, before its process group goes
-    dist.destroy_process_group()
+    destroy_process_group()  # frees train_save's DDP first
 
 
 def train_save(rank: int, size: int, path: str) -> None:

@@ -103,7 +103,7 @@ def _train(model: Block, ref: Block, data: Any, steps: int, what: str) -> None:
 
 
 def layouts(folder: str) -> None:
-    from distkit_common.testing import collect_ddp, collective_timeout
+    from distkit_common.testing import collective_timeout, destroy_process_group
     from distx_fake import checkpoint
 
     info_world = int(os.environ["WORLD_SIZE"])
@@ -133,9 +133,8 @@ def layouts(folder: str) -> None:
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=collective_timeout()
     )
-    collect_ddp()  # _train's DDP, before its process groups go
     ts.distributed.destroy_process_group()
-    dist.destroy_process_group()
+    destroy_process_group()  # frees _train's DDP first
     rank = local * nodes + node
     dist.init_process_group(
         "gloo",
@@ -158,8 +157,7 @@ def layouts(folder: str) -> None:
     _train(model, ref, data, 6, "TP across hosts x DP inside hosts")
     print(f"rank {rank} on {socket.gethostname()}: TP {tp_hosts} x DP {dp_hosts} ok", flush=True)
     dist.barrier()
-    collect_ddp()
-    dist.destroy_process_group()
+    destroy_process_group()
 
 
 def loop(folder: str, stall_host: str) -> None:

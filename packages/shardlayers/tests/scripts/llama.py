@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import shardlayers as ts
-from distkit_common.testing import collect_ddp, init_process_group
+from distkit_common.testing import destroy_process_group, init_process_group
 from shardlayers._split import shard_extent
 
 try:
@@ -230,9 +230,8 @@ def body(rank: int, size: int, store: str, folder: str) -> None:
     dist.barrier()
     run_tp2dp2(rank, folder)
     dist.barrier()
-    collect_ddp()  # run_tp2dp2's DDP, before its process groups go
     ts.distributed.destroy_process_group()
-    dist.destroy_process_group()
+    destroy_process_group()  # frees run_tp2dp2's DDP first
     if rank == 0:
         load_in_one_process(folder)
 

@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import shardlayers as ts
-from distkit_common.testing import collect_ddp, init_process_group
+from distkit_common.testing import destroy_process_group, init_process_group
 
 try:
     from scripts import layers
@@ -170,5 +170,4 @@ def body(rank: int, size: int, store: str) -> None:
     torch.set_num_threads(1)
     layers.run(size)
     run(rank, size)
-    collect_ddp()  # the DDP modules of run(), before their process groups go
-    torch.distributed.destroy_process_group()
+    destroy_process_group()  # frees run()'s DDP modules first
