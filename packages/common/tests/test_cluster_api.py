@@ -238,6 +238,8 @@ def test_heartbeat_explains_an_error_that_beat_its_timeout(monkeypatch: pytest.M
                 os.kill(frozen.pid, signal.SIGSTOP)
                 time.sleep(1.5)
                 assert [(r, s >= 0.6) for r, _, s in hb.silent_peers(0.6)] == [(2, True)]
+                with pytest.raises(ValueError, match="at_least must be >= 0"):
+                    hb.silent_peers(-1.0)
                 raise RuntimeError("Read error [10.213.0.2]:49855: Connection timed out")
 
         with pytest.raises(RuntimeError, match="Connection timed out"):

@@ -199,6 +199,9 @@ def test_run_spawn_rows_keeps_the_rows_of_a_run_that_failed() -> None:
     rows, error = testing.run_spawn_rows(_rows_body, 2, {"x": 5, "hang_rank": 1}, 5)
     assert error is not None and "timed out" in error
     assert sorted((r["rank"], r["x"]) for r in rows) == [(0, 5), (1, 10)]
+    for nprocs, timeout in ((0, 10), (True, 10), (2, 0), (2, -1.0)):
+        with pytest.raises(ValueError, match="nprocs must be|timeout must be"):
+            testing.run_spawn_rows(_rows_body, nprocs, {"x": 1}, timeout)
 
 
 def test_mpiexec_command_honours_env(monkeypatch: pytest.MonkeyPatch) -> None:

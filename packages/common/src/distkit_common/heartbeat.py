@@ -186,7 +186,15 @@ class Heartbeat:
 
     def silent_peers(self, at_least: float) -> list[tuple[int, str, float]]:
         """``(rank, hostname, seconds)`` of every watched peer whose heartbeat has not moved
-        for ``at_least`` seconds (hostname ``'?'`` where its name never arrived)."""
+        for ``at_least`` seconds (hostname ``'?'`` where its name never arrived).
+
+        Raises
+        ------
+        ValueError
+            If ``at_least`` is negative.
+        """
+        if not at_least >= 0:
+            raise ValueError(f"at_least must be >= 0 seconds, got {at_least!r}")
         now = time.monotonic()
         with self._lock:
             changed, names = dict(self._changed), dict(self._names)

@@ -316,7 +316,13 @@ def run_spawn(
     AssertionError
         If any child exits non-zero, or the run exceeds ``timeout`` (every
         child is then killed and reaped).
+    ValueError
+        If ``nprocs`` < 1 or ``timeout`` <= 0 (nothing is started).
     """
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"nprocs must be an int >= 1, got {nprocs!r}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
     ctx = mp.get_context("spawn")
     module = sys.modules.get(fn.__module__)
     target = (fn.__module__, getattr(module, "__file__", None), fn.__qualname__)
@@ -393,6 +399,11 @@ def run_spawn_rows(
     line to ``rows_path``. Returns every row written, also those of a run that failed or
     ran past ``timeout``, and that failure (None when every rank exited 0): one hung
     configuration keeps the results measured before it.
+
+    Raises
+    ------
+    ValueError
+        As :func:`run_spawn`, for ``nprocs`` or ``timeout``.
     """
     with tempfile.TemporaryDirectory(prefix="distkit-rows-") as tmp:
         rows_path = os.path.join(tmp, "rows.jsonl")
