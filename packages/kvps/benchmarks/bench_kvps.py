@@ -48,6 +48,16 @@ def emit(name: str, ratio: float, goal: str, met: bool | None, unit: str = "x", 
         print("BENCH " + json.dumps(rec), flush=True)
 
 
+def polite_barrier() -> None:
+    """A barrier that sleeps while it waits. mpi4py's Barrier spins in Open MPI's progress
+    loop (epoll and sched_yield: most of the CPU of the waiting ranks in a perf profile); with
+    ranks oversubscribed on few cores the ranks that arrive first take that CPU from those
+    still working."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(50e-6)
+
+
 def best(fn, repeat: int = 5) -> float:
     fn()
     ts = []
@@ -107,7 +117,7 @@ def local_and_remote() -> None:
 
 def zipf_run(
     technique: str, nk: int, steps: int, batch: int, ahead: int, per_rank: bool, shm: bool = False
-) -> tuple[float, dict[str, int]]:
+) -> tuple[float, dict[str, float]]:
     kvps.setup(nk, 1, technique)
     # both variants commit their arenas up front: the measured steps are the
     # steady state of a long run, not first-touch page faults
@@ -129,8 +139,9 @@ def zipf_run(
     warm = steps // 5
     for i in range(steps):
         if i == warm:
-            comm.Barrier()
+            polite_barrier()
             t0 = time.perf_counter()
+            c0 = time.process_time()
         if use_intent:
             w.intent(batches[i + ahead], w.current_clock() + ahead)
         k = batches[i]
@@ -140,9 +151,13 @@ def zipf_run(
         w.push(k, g, True)
         w.advance_clock()
     w.waitall()
-    comm.Barrier()
+    polite_barrier()
     dt = time.perf_counter() - t0
+    # CPU time of every thread of every rank per step: what the variants cost the machine,
+    # steadier than wall time where the ranks share the cores
+    cpu = comm.allreduce(time.process_time() - c0)
     st = server.stats()
+    st["cpu_ms_per_step"] = 1000 * cpu / (steps - warm)
     server.shutdown()
     return comm.allreduce(dt, op=MPI.MAX), st
 
@@ -208,12 +223,15 @@ def zipf_across_hosts(rounds: int) -> None:
     measured = steps - steps // 5
     for per_rank, what in ((False, "hot keys shared by all ranks"), (True, "each rank its own hot keys")):
         # alternate the variants and keep the medians (a noisy shared machine)
-        t_none, t_all = [], []
-        st: dict[str, int] = {}
+        t_none, t_all, c_none, c_all = [], [], [], []
+        st: dict[str, float] = {}
         for _ in range(rounds):
-            t_none.append(zipf_run("none", nk, steps, batch, ahead, per_rank, shm=True)[0])
+            t, st = zipf_run("none", nk, steps, batch, ahead, per_rank, shm=True)
+            t_none.append(t)
+            c_none.append(st["cpu_ms_per_step"])
             t, st = zipf_run("all", nk, steps, batch, ahead, per_rank, shm=True)
             t_all.append(t)
+            c_all.append(st["cpu_ms_per_step"])
         tn, ta = float(np.median(t_none)), float(np.median(t_all))
         moved = st["intent_moved"] / max(1, st["intent_moved"] + st["intent_classic"])
         r = tn / ta
@@ -225,6 +243,8 @@ def zipf_across_hosts(rounds: int) -> None:
             r >= 2,
             steps_per_s_intent=measured / ta,
             steps_per_s_classic=measured / tn,
+            cpu_ms_per_step_intent=float(np.median(c_all)),
+            cpu_ms_per_step_classic=float(np.median(c_none)),
             share_of_intents_moved=moved,
             ratio_min=float(min(a / b for a, b in zip(t_none, t_all))),
             ratio_max=float(max(a / b for a, b in zip(t_none, t_all))),
@@ -243,12 +263,15 @@ def main() -> None:
     measured = steps - steps // 5
     for per_rank, what in ((False, "hot keys shared by both ranks"), (True, "each rank its own hot keys")):
         # alternate the variants three times and keep the medians (a noisy shared machine)
-        t_none, t_all, t_shm = [], [], []
-        st: dict[str, int] = {}
+        t_none, t_all, t_shm, c_none, c_all = [], [], [], [], []
+        st: dict[str, float] = {}
         for _ in range(3):
-            t_none.append(zipf_run("none", nk, steps, batch, ahead, per_rank)[0])
+            t, st = zipf_run("none", nk, steps, batch, ahead, per_rank)
+            t_none.append(t)
+            c_none.append(st["cpu_ms_per_step"])
             t, st = zipf_run("all", nk, steps, batch, ahead, per_rank)
             t_all.append(t)
+            c_all.append(st["cpu_ms_per_step"])
             t_shm.append(zipf_run("all", nk, steps, batch, ahead, per_rank, shm=True)[0])
         tn, ta, ts = (float(np.median(x)) for x in (t_none, t_all, t_shm))
         moved = st["intent_moved"] / max(1, st["intent_moved"] + st["intent_classic"])
@@ -262,6 +285,8 @@ def main() -> None:
             r >= 1,
             steps_per_s_intent=measured / ta,
             steps_per_s_classic=measured / tn,
+            cpu_ms_per_step_intent=float(np.median(c_all)),
+            cpu_ms_per_step_classic=float(np.median(c_none)),
             share_of_intents_moved=moved,
         )
         # what a user on one node gets: kvps (intent + shared memory) vs a classic parameter server

@@ -106,6 +106,16 @@ class ReuseModel {
   double seen_ = 512, hits_ = 512;
 };
 
+/// Intents take effect in rounds every this many clocks (intent.hpp): with
+/// peers on other nodes a quarter of the lookahead, so an intent still takes
+/// effect at least three quarters of the lookahead before its window; every
+/// clock on one node (messages are cheap there and a round's burst of moves
+/// delays the workers' requests) and for short lookaheads (< 8), which leave
+/// no slack to spend.
+inline int64_t intent_round_of(int64_t lookahead, bool one_node) {
+  return !one_node && lookahead >= 8 ? lookahead / 4 : 1;
+}
+
 class Engine {
  public:
   /// `lengths`: every key's value length, or nullptr and `uniform_len` for one length.
@@ -134,6 +144,7 @@ class Engine {
     if (prefault) ::kvps::prefault(sh_.delta_arena().data(), sh_.delta_arena().size());
     shm_.setup(coll_, rank_, size_, static_cast<size_t>(num_keys_) * sizeof(Meta), lay.arena_bytes() + 64,
                shared_memory, prefault);
+    intent_round_ = intent_round_of(lookahead_, shm_.one_node());
     meta_ = reinterpret_cast<Meta*>(shm_.meta(rank_));
     std::uninitialized_default_construct_n(meta_, num_keys_);
     dir_.init(meta_, num_keys_, rank_, size_);
@@ -315,7 +326,7 @@ class Engine {
   void loop();
   void handle_cmd(Cmd& c);
   void route(Cmd& c, Outbox& ob);
-  void sync_round(bool refresh, Outbox& ob);
+  void sync_round(bool refresh, bool all_intents, Outbox& ob);
   void handle_msg(int src, const char* buf);
   void on_pull_resp(int src, const MsgView& m);
   void on_fetch_resp(int src, const MsgView& m);
@@ -351,6 +362,12 @@ class Engine {
   void check_sync_waiters();
   // -- intents (intent.hpp)
   void process_intents(int w, Outbox& ob);
+  /// Must an intent for clock `start`, posted at clock `now`, take effect now?
+  /// It takes effect in the first intent round at or after `start - lookahead`:
+  /// now if that round is this clock's or already past, else in that round.
+  bool intent_due_now(int64_t start, int64_t now) const {
+    return start - lookahead_ <= now - now % intent_round_;
+  }
   void drop_intents(const std::vector<int64_t>& drop, Outbox& ob);
   void send_intent(int32_t type, const std::vector<int64_t>& keys, Outbox& ob);
   void home_intent(int32_t type, int32_t r, const int64_t* keys, int64_t n, Outbox& ob);
@@ -378,6 +395,7 @@ class Engine {
   int num_workers_;
   int tech_;
   int64_t lookahead_;
+  int64_t intent_round_ = 1;  // intents take effect in sync rounds every intent_round_ clocks (intent.hpp)
   int64_t sync_every_;
 
   Shard sh_;

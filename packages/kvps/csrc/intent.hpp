@@ -1,7 +1,15 @@
 // intent.hpp - intent windows: when they take effect, what the home does with them.
 //
-// A worker's intent for clocks [start, end) takes effect once its clock
-// reaches start - lookahead: the rank tells each key's home (unless it holds
+// A worker's intent for clocks [start, end) takes effect in the first intent
+// round at or after clock start - lookahead. Intent rounds are the sync rounds
+// of every intent_round_of() clocks: every clock on one node or for lookaheads
+// below 8; with peers on other nodes a quarter of the lookahead, so that one
+// round's intents from every step in between travel together: each home gets
+// one message per round instead of one per step, and so does every transfer,
+// notice, grant and drop that follows from them (between hosts the engine's
+// CPU goes mostly to messages: README, Benchmarks). An intent still takes
+// effect at least three quarters of the lookahead before its window. When it
+// takes effect the rank tells each key's home (unless it holds
 // the key already, or the cost model below leaves the key where it is), and
 // the home relocates the key (one intending rank) or grants replicas
 // (several). When the window ends the rank drops the intent; a replica with

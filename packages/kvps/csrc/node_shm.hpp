@@ -78,6 +78,7 @@ class NodeShm {
     }
     int nsize = 0;
     MPI_Comm_size(node, &nsize);
+    one_node_ = nsize == size;
     if (share_data && nsize > 1) {
       // tmpfs pages are allocated on first touch; a full /dev/shm would kill
       // the process with SIGBUS later, so share only what surely fits
@@ -189,6 +190,8 @@ class NodeShm {
   bool reaches(int a, int b) const { return reach_[static_cast<size_t>(a) * size_ + b] != 0; }
   /// Every rank reaches every shard (one node, memory shared).
   bool all_reach() const { return all_reach_; }
+  /// Every rank runs on this node (whether or not memory is shared).
+  bool one_node() const { return one_node_; }
   long idle_timeout_us() const { return idle_timeout_us_; }
   /// Peers may use this rank's shard in place from now on: call once its
   /// key records are initialised (a peer reading records still being
@@ -216,6 +219,7 @@ class NodeShm {
   bool shares_own_ = false;
   std::vector<uint8_t> reach_;
   bool all_reach_ = false;
+  bool one_node_ = false;
   long idle_timeout_us_ = 100;
 };
 

@@ -101,11 +101,12 @@ inline void Engine::handle_cmd(Cmd& c) {
       break;
     case C_INTENT:
       pending_intents_[c.worker].insert({c.a, IntentEntry{c.a, c.b, std::move(c.keys)}});
-      process_intents(c.worker, ob);
+      // at once if the next intent round would come too late for it (intent.hpp)
+      if (intent_due_now(c.a, clocks_[c.worker].load())) process_intents(c.worker, ob);
       break;
     case C_CLOCK:
       // advance_clock refreshes replicas every sync_every clocks
-      sync_round(c.a % sync_every_ == 0, ob);
+      sync_round(c.a % sync_every_ == 0, false, ob);
       finish(ob);
       {
         std::lock_guard<std::mutex> lk(clock_mu_);
@@ -114,7 +115,7 @@ inline void Engine::handle_cmd(Cmd& c) {
       clock_cv_.notify_all();
       return;
     case C_SYNC:
-      sync_round(true, ob);
+      sync_round(true, true, ob);
       sync_waiters_.push_back(c.ts);
       break;
     case C_RESET:
@@ -149,9 +150,11 @@ inline void Engine::route(Cmd& c, Outbox& ob) {
   }
 }
 
-/// Activate and end intent windows of every worker; refresh replicas if asked.
-inline void Engine::sync_round(bool refresh, Outbox& ob) {
-  for (int w = 0; w < num_workers_; ++w) process_intents(w, ob);
+/// Activate and end intent windows of every worker (in intent rounds, or
+/// `all_intents`: wait_sync); refresh replicas if asked.
+inline void Engine::sync_round(bool refresh, bool all_intents, Outbox& ob) {
+  for (int w = 0; w < num_workers_; ++w)
+    if (all_intents || clocks_[w].load() % intent_round_ == 0) process_intents(w, ob);
   if (!refresh || reps_.empty()) return;
   std::map<int, Builder> dirty, clean;
   reps_.collect(dir_, sh_, dirty, clean);

@@ -155,6 +155,13 @@ def test_intent_cost_model() -> None:
 
 
 @pytest.mark.mpi
+def test_intent_rounds_with_a_long_lookahead() -> None:
+    """lookahead 8: intents grouped in rounds every 2 clocks still arrive before use; late ones at once; sums exact."""
+    res = run_mpi(str(SCRIPTS / "intent_rounds.py"), 2, timeout=120)
+    assert "intent rounds ok" in res.stdout, res.stdout
+
+
+@pytest.mark.mpi
 def test_peer_exit_without_shutdown_fails_fast() -> None:
     """A rank leaving without shutdown(): the peer's pending barrier and later pulls raise, no hang."""
     res = run_mpi(str(SCRIPTS / "early_exit.py"), 2, timeout=90)

@@ -123,7 +123,11 @@ class Server:
         Value dtype: float32 (default), float64, float16 or bfloat16.
     intent_lookahead : int
         An intent for clock ``c`` takes effect once the worker's clock reaches
-        ``c - intent_lookahead`` (so the key is local when used).
+        ``c - intent_lookahead`` (so the key is local when used). With ranks on
+        other nodes and a lookahead of 8 or more, intents take effect in rounds
+        every ``intent_lookahead // 4`` clocks (the first round at or after
+        ``c - intent_lookahead``), so that a round's intents travel in one
+        message per home; ``wait_sync`` applies every due intent at once.
     replica_sync_every : int
         ``advance_clock`` refreshes replicas every this many clocks (bounded
         staleness; ``wait_sync`` always refreshes them).
