@@ -60,15 +60,15 @@ def evict(path: str) -> None:
 def copy_durable(src: str, dst: str) -> None:
     """Copy the files under ``src`` into ``dst`` the kernel's way (no checksum) and fsync them."""
     os.makedirs(dst)
-    for d, _, fs in os.walk(src):
-        for f in fs:
-            out = os.path.join(dst, f"{len(os.listdir(dst))}-{f}")
-            shutil.copyfile(os.path.join(d, f), out)  # copy_file_range / sendfile on Linux
-            fd = os.open(out, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+    files = [os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs]
+    for i, path in enumerate(files):
+        out = os.path.join(dst, f"{i}-{os.path.basename(path)}")
+        shutil.copyfile(path, out)  # copy_file_range / sendfile on Linux
+        fd = os.open(out, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def warm(path: str) -> None:

@@ -48,16 +48,6 @@ def emit(name: str, ratio: float, goal: str, met: bool | None, unit: str = "x", 
         print("BENCH " + json.dumps(rec), flush=True)
 
 
-def polite_barrier() -> None:
-    """A barrier that sleeps while it waits. mpi4py's Barrier spins in Open MPI's progress
-    loop (epoll and sched_yield: most of the CPU of the waiting ranks in a perf profile); with
-    ranks oversubscribed on few cores the ranks that arrive first take that CPU from those
-    still working."""
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(50e-6)
-
-
 def best(fn, repeat: int = 5) -> float:
     fn()
     ts = []
@@ -139,7 +129,10 @@ def zipf_run(
     warm = steps // 5
     for i in range(steps):
         if i == warm:
-            polite_barrier()
+            # kvps's barrier sleeps while it waits; mpi4py's Barrier spins in Open MPI's
+            # progress loop (epoll and sched_yield: most of the waiting ranks' CPU in a perf
+            # profile), which took the CPU from the ranks still working
+            server.barrier()
             t0 = time.perf_counter()
             c0 = time.process_time()
         if use_intent:
@@ -151,7 +144,7 @@ def zipf_run(
         w.push(k, g, True)
         w.advance_clock()
     w.waitall()
-    polite_barrier()
+    server.barrier()
     dt = time.perf_counter() - t0
     # CPU time of every thread of every rank per step: what the variants cost the machine,
     # steadier than wall time where the ranks share the cores

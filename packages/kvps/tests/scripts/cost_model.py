@@ -16,6 +16,7 @@ from __future__ import annotations
 import faulthandler
 
 import numpy as np
+from _settle import settle_and_check_sums
 from mpi4py import MPI
 
 import kvps
@@ -73,18 +74,7 @@ assert step(late) == -1, "a recurring key was not moved"
 long = foreign(100)
 assert step(long, window=3) == -1
 s.barrier()
-# exact sums over every path
-allk = np.arange(NK, dtype=np.int64)
-total = comm.allreduce(pushed)
-for _ in range(2):
-    w.advance_clock()
-w.wait_sync()
-s.barrier()
-w.wait_sync()
-s.barrier()
-out = np.zeros(NK * L, dtype=np.float32)
-w.wait(w.pull(allk, out))
-assert np.array_equal(out, np.repeat(total.astype(np.float32), L)), "pushes were lost or doubled"
+settle_and_check_sums(w, s, comm, pushed, L, clocks=2)  # exact sums over every path
 st = s.stats()
 s.barrier()
 s.shutdown()

@@ -20,6 +20,7 @@ import os
 import time
 
 import numpy as np
+from _settle import settle_and_check_sums
 from mpi4py import MPI
 
 import kvps
@@ -71,16 +72,8 @@ assert w.pull(late, np.zeros(len(late) * L, dtype=np.float32)) == -1, "a late in
 w.wait(w.push(late, np.ones(len(late) * L, dtype=np.float32)))
 pushed[late] += 1
 
-for _ in range(AHEAD + 4):  # every window ends; replicas and intents are dropped
-    w.advance_clock()
-w.wait_sync()
-s.barrier()
-w.wait_sync()
-s.barrier()
-total = comm.allreduce(pushed)
-out = np.zeros(NK * L, dtype=np.float32)
-w.wait(w.pull(np.arange(NK, dtype=np.int64), out))
-assert np.array_equal(out, np.repeat(total.astype(np.float32), L)), "pushes were lost or doubled"
+# every window ends (replicas and intents are dropped), then exact sums
+settle_and_check_sums(w, s, comm, pushed, L, clocks=AHEAD + 4)
 st = s.stats()
 s.barrier()
 s.shutdown()
