@@ -140,8 +140,17 @@ def placement(hosts: int | Sequence[str | int], ranks_per_host: int | Sequence[i
 
 
 def _free_port() -> int:
-    # every host is a fresh namespace owned by this job's session: any unprivileged port is free
-    return 20000 + secrets.randbelow(30000)
+    # The hosts' namespaces live for the whole cluster session, and every job's outgoing
+    # connections (gloo, the TCPStore clients, Open MPI's daemons) take ports from the kernel's
+    # ephemeral range: a port drawn there was found taken (EADDRINUSE in a torchrun job). Ports
+    # below that range are only ever bound on purpose, i.e. by these jobs' stores.
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    low = max(low, 12000)
+    return 10000 + secrets.randbelow(low - 10000)
 
 
 def _rank_runner(target: str, args: Sequence[str]) -> list[str]:
