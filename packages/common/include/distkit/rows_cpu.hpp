@@ -36,6 +36,23 @@ constexpr int64_t kRowGrainBytes = 1 << 15;
 
 inline int64_t row_grain(int64_t row_bytes) { return std::max<int64_t>(1, kRowGrainBytes / std::max<int64_t>(row_bytes, 1)); }
 
+/// Rows this far ahead are prefetched by the scatter-add: a random row of a large
+/// table is a cache miss, and its read-modify-write would otherwise wait for each
+/// one in turn. (The gather's memcpy measured no gain from it.)
+constexpr int64_t kPrefetchRows = 8;
+
+/// Prefetch elements [c0, c1) of row `r` for writing.
+template <class T>
+inline void prefetch_for_write(const RowTable<T>& t, int64_t r, int64_t c0, int64_t c1) {
+#if defined(__GNUC__)
+  const char* p = reinterpret_cast<const char*>(t.row(r) + c0);
+  const char* end = reinterpret_cast<const char*>(t.row(r) + c1);
+  for (; p < end; p += 64) __builtin_prefetch(p, 1);
+#else
+  (void)t, (void)r, (void)c0, (void)c1;
+#endif
+}
+
 /// out[i, :] = table[idx[i], :] for i < n. Indices must be valid (check_indices).
 template <class T, class I>
 void gather_rows_cpu(const RowTable<T>& t, const I* idx, int64_t n, T* out) {
@@ -70,11 +87,22 @@ void scatter_rows_cpu(const RowTable<T>& t, const I* idx, int64_t n, const T* va
 template <class T, class I>
 void scatter_add_rows_cpu(const RowTable<T>& t, const I* idx, int64_t n, const T* vals, float alpha = 1.0f) {
   const int64_t nc = t.ncols;
+  // Threads split the columns, so every thread adds the rows in index order
+  // (duplicates accumulate deterministically) and no two threads write one element.
   parallel_for(0, nc, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t c0, int64_t c1) {
+    if (!t.contiguous_rows()) {
+      for (int64_t i = 0; i < n; ++i) {
+        T* row = t.row(static_cast<int64_t>(idx[i]));
+        const T* v = vals + i * nc;
+        for (int64_t j = c0; j < c1; ++j) add_scaled(row[j * t.col_stride], v[j], alpha);
+      }
+      return;
+    }
     for (int64_t i = 0; i < n; ++i) {
+      if (i + kPrefetchRows < n) prefetch_for_write(t, static_cast<int64_t>(idx[i + kPrefetchRows]), c0, c1);
       T* row = t.row(static_cast<int64_t>(idx[i]));
       const T* v = vals + i * nc;
-      for (int64_t j = c0; j < c1; ++j) add_scaled(row[j * t.col_stride], v[j], alpha);
+      for (int64_t j = c0; j < c1; ++j) add_scaled(row[j], v[j], alpha);
     }
   });
 }
