@@ -28,7 +28,7 @@ enum Flag : uint8_t {
   F_INCOMING = 8,   // a replica whose key is being relocated here
   F_NOTICED = 16,   // the home announced the key; wait_sync waits for its value
   F_UNTOLD = 32,    // this rank intends the key but did not tell the home (nothing to drop there)
-  F_FRESH = 64,     // the last intent had no earlier one within the reuse horizon (intent.hpp)
+  F_FRESH = 64,     // the last intent did not recur (intent.hpp, ReuseModel)
   F_IN_RLIST = 128, // listed in the replica list
 };
 
@@ -54,7 +54,7 @@ struct Meta {
   uint16_t want = 0;      // active intents of this rank's workers
   int32_t hint = 0;       // where requests go (a routing hint)
   uint32_t ver = 0;       // version of the value held here (owner: bumped by every update)
-  uint32_t last = 0;      // 1 + the clock of this rank's last intent of the key (0: never)
+  uint32_t last = 0;      // 1 + the end clock of this rank's last intent window of the key (0: never)
   union {
     int32_t owner = 0;  // at the key's home: the current owner (the truth)
     int32_t slot;       // elsewhere: the key's slot in region B (store.hpp), -1: none

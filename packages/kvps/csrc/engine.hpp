@@ -92,9 +92,11 @@ struct IntentEntry {
 /// The judgment whether moving a key here pays (see intent.hpp).
 class ReuseModel {
  public:
-  /// A key intended again within this many clocks of its last intent recurs.
-  static constexpr uint32_t kReuseHorizon = 32;
-  bool note(Meta& m, int64_t start);
+  /// A key whose next window starts at most `lookahead` clocks after its last
+  /// window here ended recurs: that intent takes effect before the drop.
+  explicit ReuseModel(int64_t lookahead)
+      : horizon_(static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(lookahead, 0), INT32_MAX))) {}
+  bool note(Meta& m, int64_t start, int64_t end);
   bool worth_moving(int64_t window, bool recurs) const;
   /// The observed share of fresh keys that came back.
   double reuse_share() const { return hits_ / seen_; }
@@ -103,6 +105,7 @@ class ReuseModel {
   // an exponentially decaying count over the last few thousand fresh keys,
   // starting as if every fresh key had come back
   static constexpr double kDecay = 1.0 - 1.0 / 2048;
+  int32_t horizon_;
   double seen_ = 512, hits_ = 512;
 };
 
@@ -133,7 +136,8 @@ class Engine {
         lookahead_(lookahead),
         sync_every_(sync_every < 1 ? 1 : sync_every),
         sh_(lengths, uniform_len, num_keys, size_, dtype_, rule),
-        sendq_(comm_) {
+        sendq_(comm_),
+        reuse_(lookahead) {
     int provided = 0;
     MPI_Query_thread(&provided);
     check<distkit::Error>(provided == MPI_THREAD_MULTIPLE,

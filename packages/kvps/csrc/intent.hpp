@@ -18,28 +18,34 @@
 // The cost model. Moving a key here costs about as much engine work as one
 // or two remote accesses (the intent at the home, the transfer and handover,
 // the drop; README, Benchmarks); afterwards its accesses are local. So a move
-// pays when the key will be used here at least twice. Expected uses: one per
-// clock of the window, plus more when the key comes back. A key intended
-// again within kReuseHorizon clocks of its previous intent is recurring and
-// moves; a key seen for the first time in that horizon (fresh) with a one-clock
-// window moves only if fresh keys of this rank usually come back, i.e. if the
-// observed share of fresh keys intended again within the horizon is at least
-// one half. That share starts at 1 (every intent moves its keys, as AdaPM
-// does) and follows the workload: the one-off tail keys of a skewed workload
-// stay at their owners and are accessed the classic way, the keys that recur
-// move. A fresh key left in place that then recurs is moved at once.
+// pays when the key will be used here at least twice before it leaves. It
+// leaves when its window ends, unless its next intent here has taken effect
+// by then: that is when the next window starts at most `lookahead` clocks
+// after the last one ended. Such a key is recurring: it moves once and stays
+// for both windows. A key whose next window comes later moves in and out for
+// every window, one use per move. Expected uses: one per clock of the window,
+// plus the windows of a recurring key. A window of two clocks or more, or a
+// recurring key, moves. A key not recurring (fresh) with a one-clock window
+// moves only if fresh keys of this rank usually recur, i.e. if the observed
+// share of fresh keys intended again in time is at least one half. That share
+// starts at 1 (every intent moves its keys, as AdaPM does) and follows the
+// workload: the one-off tail keys of a skewed workload, and the keys that come
+// back only after their last move was undone, stay at their owners and are
+// accessed the classic way; the keys that recur move. A fresh key left in place
+// that then recurs is moved at once.
 #pragma once
 
 #include "engine.hpp"
 
 namespace kvps {
 
-/// Records an intent of key record `m` for clock `start`; returns whether the
-/// key recurs (its previous intent here lies within kReuseHorizon clocks).
-inline bool ReuseModel::note(Meta& m, int64_t start) {
-  const uint32_t now = static_cast<uint32_t>(start) + 1;  // (0 marks "never")
-  const uint32_t gap = now > m.last ? now - m.last : m.last - now;
-  const bool recurs = m.last != 0 && gap <= kReuseHorizon;
+/// Records an intent of key record `m` for clocks [start, end); returns whether
+/// the key recurs (its last window here ended at most horizon_ clocks before `start`).
+inline bool ReuseModel::note(Meta& m, int64_t start, int64_t end) {
+  // clocks + 1 (0 marks "never"), compared modulo 2^32
+  const uint32_t s = static_cast<uint32_t>(start) + 1;
+  const uint32_t e = static_cast<uint32_t>(end) + 1;
+  const bool recurs = m.last != 0 && static_cast<int32_t>(s - m.last) <= horizon_;
   if (m.flags & F_FRESH) {
     m.flags &= static_cast<uint8_t>(~F_FRESH);
     if (recurs) hits_ += 1;  // a fresh key came back
@@ -49,7 +55,7 @@ inline bool ReuseModel::note(Meta& m, int64_t start) {
     seen_ = seen_ * kDecay + 1;
     hits_ *= kDecay;
   }
-  if (now > m.last) m.last = now;
+  if (m.last == 0 || static_cast<int32_t>(e - m.last) > 0) m.last = e;
   return recurs;
 }
 
@@ -73,7 +79,7 @@ inline void Engine::process_intents(int w, Outbox& ob) {
       ahead(e.keys.data(), ne, i, false);
       const int64_t k = e.keys[i];
       Meta& m = meta_[k];
-      const bool recurs = reuse_.note(m, e.start);
+      const bool recurs = reuse_.note(m, e.start, e.end);
       // (state: written by this thread only)
       if (m.want++ != 0) {
         // wanted already, but left at its owner: it recurs now, so move it
