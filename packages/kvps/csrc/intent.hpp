@@ -18,12 +18,14 @@
 // The cost model. Moving a key here costs about as much engine work as one
 // or two remote accesses (the intent at the home, the transfer and handover,
 // the drop; README, Benchmarks); afterwards its accesses are local. So a move
-// pays when the key will be used here at least twice before it leaves. It
-// leaves when its window ends, unless its next intent here has taken effect
-// by then: that is when the next window starts at most `lookahead` clocks
-// after the last one ended. Such a key is recurring: it moves once and stays
-// for both windows. A key whose next window comes later moves in and out for
-// every window, one use per move. Expected uses: one per clock of the window,
+// pays when the key will be used here at least twice before it leaves. A
+// replica leaves when its window ends, unless its next intent here has taken
+// effect by then: that is when the next window starts at most `lookahead`
+// clocks after the last one ended. Such a key is recurring: it moves once and
+// stays for both windows. A key whose next window comes later moves in and
+// out for every window, one use per move. (A relocated key stays until
+// another rank's intent takes it; an intent for a key held here moves
+// nothing.) Expected uses: one per clock of the window,
 // plus the windows of a recurring key. A window of two clocks or more, or a
 // recurring key, moves. A key not recurring (fresh) with a one-clock window
 // moves only if fresh keys of this rank usually recur, i.e. if the observed
