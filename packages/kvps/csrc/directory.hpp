@@ -50,7 +50,7 @@ struct Meta {
   uint8_t state = NOT_HERE;
   uint8_t flags = 0;      // Flag bits; progress thread only
   uint8_t dirty = 0;      // replica updated locally since its last refresh
-  uint8_t spare = 0;
+  uint8_t plain = 0;      // this rank told the home of its intent without asking for a replica (intent.hpp)
   uint16_t want = 0;      // active intents of this rank's workers
   int32_t hint = 0;       // where requests go (a routing hint)
   uint32_t ver = 0;       // version of the value held here (owner: bumped by every update)
@@ -115,7 +115,8 @@ class Directory {
     if (use_mask_) {
       meta_[k].imask |= uint64_t(1) << r;
     } else {
-      intenders_[k].push_back(r);
+      auto& v = intenders_[k];
+      if (std::find(v.begin(), v.end(), r) == v.end()) v.push_back(r);  // (a rank may tell twice)
     }
   }
   void intender_remove(int64_t k, int r) {

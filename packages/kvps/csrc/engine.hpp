@@ -96,10 +96,23 @@ class ReuseModel {
   /// window here ended recurs: that intent takes effect before the drop.
   explicit ReuseModel(int64_t lookahead)
       : horizon_(static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(lookahead, 0), INT32_MAX))) {}
-  bool note(Meta& m, int64_t start, int64_t end);
+  struct Seen {
+    bool recurs;  // its next intent takes effect before a replica of it would be dropped
+    bool steady;  // its window starts no later than its last window here ended
+  };
+  Seen note(Meta& m, int64_t start, int64_t end);
   bool worth_moving(int64_t window, bool recurs) const;
   /// The observed share of fresh keys that came back.
   double reuse_share() const { return hits_ / seen_; }
+  /// An intent of a key this rank holds a replica of, or was told to access
+  /// without one (intent.hpp): `steady` when it is used in consecutive clocks.
+  void note_replica_use(bool steady) {
+    r_seen_ = r_seen_ * kDecay + 1;
+    r_steady_ = r_steady_ * kDecay + (steady ? 1 : 0);
+  }
+  /// Whether replicas of keys not used in consecutive clocks pay here: while at
+  /// least half of the uses of such keys were steady (at first: as AdaPM does).
+  bool replicas_pay() const { return r_steady_ >= 0.5 * r_seen_; }
 
  private:
   // an exponentially decaying count over the last few thousand fresh keys,
@@ -107,6 +120,7 @@ class ReuseModel {
   static constexpr double kDecay = 1.0 - 1.0 / 2048;
   int32_t horizon_;
   double seen_ = 512, hits_ = 512;
+  double r_seen_ = 512, r_steady_ = 512;
 };
 
 /// Intents take effect in rounds every this many clocks (intent.hpp): with
@@ -373,8 +387,10 @@ class Engine {
     return start - lookahead_ <= now - now % intent_round_;
   }
   void drop_intents(const std::vector<int64_t>& drop, Outbox& ob);
-  void send_intent(int32_t type, const std::vector<int64_t>& keys, Outbox& ob);
-  void home_intent(int32_t type, int32_t r, const int64_t* keys, int64_t n, Outbox& ob);
+  void release_replica(Meta& m, int64_t k, std::map<int, Builder>& flushes);
+  void send_flushes(std::map<int, Builder>& flushes, Outbox& ob);
+  void send_intent(int32_t type, const std::vector<int64_t>& keys, const std::vector<uint8_t>* replica, Outbox& ob);
+  void home_intent(int32_t type, int32_t r, const int64_t* keys, const int64_t* replica, int64_t n, Outbox& ob);
 
   /// Prefetch the record (and the value) of the key kAheadKeys positions
   /// further on: the handlers walk random keys of tables much larger than

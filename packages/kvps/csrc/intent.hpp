@@ -35,19 +35,32 @@
 // back only after their last move was undone, stay at their owners and are
 // accessed the classic way; the keys that recur move. A fresh key left in place
 // that then recurs is moved at once.
+//
+// Replicas. With several intending ranks the home grants replicas, and a
+// replica is refreshed every sync round from the round its intent takes effect
+// to its drop: a key used every g-th clock costs about g refreshes per use,
+// against one pull and one push at its owner. So a rank asks for a replica
+// (M_INTENT_ADD, pos = 1) only for keys used every clock (a window of several
+// clocks, or windows back to back: steady) or while most uses of the keys it
+// replicates here are steady (ReuseModel::replicas_pay; at first they are, as
+// AdaPM replicates every shared key). Otherwise it registers its intent
+// without a replica, releases replicas it holds of keys that are not steady,
+// and asks again when such a key turns steady. Relocations are unaffected.
 #pragma once
 
 #include "engine.hpp"
 
 namespace kvps {
 
-/// Records an intent of key record `m` for clocks [start, end); returns whether
-/// the key recurs (its last window here ended at most horizon_ clocks before `start`).
-inline bool ReuseModel::note(Meta& m, int64_t start, int64_t end) {
+/// Records an intent of key record `m` for clocks [start, end): whether the
+/// key recurs (its last window here ended at most horizon_ clocks before
+/// `start`) and whether it is steady (that window ended at `start` or later).
+inline ReuseModel::Seen ReuseModel::note(Meta& m, int64_t start, int64_t end) {
   // clocks + 1 (0 marks "never"), compared modulo 2^32
   const uint32_t s = static_cast<uint32_t>(start) + 1;
   const uint32_t e = static_cast<uint32_t>(end) + 1;
-  const bool recurs = m.last != 0 && static_cast<int32_t>(s - m.last) <= horizon_;
+  const int32_t gap = static_cast<int32_t>(s - m.last);
+  const bool recurs = m.last != 0 && gap <= horizon_;
   if (m.flags & F_FRESH) {
     m.flags &= static_cast<uint8_t>(~F_FRESH);
     if (recurs) hits_ += 1;  // a fresh key came back
@@ -57,8 +70,9 @@ inline bool ReuseModel::note(Meta& m, int64_t start, int64_t end) {
     seen_ = seen_ * kDecay + 1;
     hits_ *= kDecay;
   }
+  const bool steady = m.last != 0 && gap <= 0;
   if (m.last == 0 || static_cast<int32_t>(e - m.last) > 0) m.last = e;
-  return recurs;
+  return {recurs, steady};
 }
 
 inline bool ReuseModel::worth_moving(int64_t window, bool recurs) const {
@@ -69,6 +83,8 @@ inline void Engine::process_intents(int w, Outbox& ob) {
   const int64_t c = clocks_[w].load();
   const bool keep_owned = tech_ == T_ALL || tech_ == T_REPL_ONLY;
   std::vector<int64_t> add, drop;
+  std::vector<uint8_t> add_replica;  // per key of `add`: ask for a replica where others intend it too
+  std::map<int, Builder> flushes;    // per hinted owner: the updates of released replicas
   auto& pend = pending_intents_[w];
   auto& act = active_intents_[w];
   while (!pend.empty() && pend.begin()->first <= c + lookahead_) {
@@ -81,13 +97,31 @@ inline void Engine::process_intents(int w, Outbox& ob) {
       ahead(e.keys.data(), ne, i, false);
       const int64_t k = e.keys[i];
       Meta& m = meta_[k];
-      const bool recurs = reuse_.note(m, e.start, e.end);
+      const ReuseModel::Seen seen = reuse_.note(m, e.start, e.end);
+      const bool recurs = seen.recurs;
+      // A replica is refreshed every sync round while it lives, so it pays for a
+      // key used every clock (a window of several clocks, or windows back to
+      // back). For other keys it pays only while most uses of replicated keys
+      // here are steady (ReuseModel::replicas_pay; true at first, as in AdaPM).
+      // ("replication_only" keeps every replica: the user's choice)
+      if (m.state == REPLICA || m.plain) reuse_.note_replica_use(seen.steady);
+      const bool replica = tech_ != T_ALL || window >= 2 || seen.steady || reuse_.replicas_pay();
+      auto tell = [&] {
+        add.push_back(k);
+        add_replica.push_back(replica);
+        m.plain = !replica;
+      };
       // (state: written by this thread only)
       if (m.want++ != 0) {
-        // wanted already, but left at its owner: it recurs now, so move it
         if ((m.flags & F_UNTOLD) && recurs && m.state != OWNED) {
+          // wanted already, but left at its owner: it recurs now, so move it
           m.flags &= static_cast<uint8_t>(~F_UNTOLD);
-          add.push_back(k);
+          tell();
+        } else if (m.plain && replica && m.state == NOT_HERE) {
+          tell();  // told without a replica, and used every clock now: ask for one
+        } else if (!replica && m.state == REPLICA && !(m.flags & F_INCOMING)) {
+          release_replica(m, k, flushes);  // not used every clock: access it at its owner
+          m.plain = 1;
         }
         continue;
       }
@@ -100,7 +134,7 @@ inline void Engine::process_intents(int w, Outbox& ob) {
         m.flags |= F_UNTOLD;  // accessed the classic way, at its owner
         ++n_classic_;
       } else {
-        add.push_back(k);
+        tell();
       }
     }
     const int64_t end = e.end;
@@ -116,8 +150,9 @@ inline void Engine::process_intents(int w, Outbox& ob) {
       if (--meta_[k].want == 0) drop.push_back(k);
     }
   }
+  send_flushes(flushes, ob);
   n_told_ += static_cast<int64_t>(add.size());
-  if (!add.empty()) send_intent(M_INTENT_ADD, add, ob);
+  if (!add.empty()) send_intent(M_INTENT_ADD, add, &add_replica, ob);
   if (!drop.empty()) drop_intents(drop, ob);
 }
 
@@ -128,48 +163,66 @@ inline void Engine::drop_intents(const std::vector<int64_t>& drop, Outbox& ob) {
   std::vector<int64_t> told;
   for (int64_t k : drop) {
     Meta& m = meta_[k];
+    m.plain = 0;
     if (m.flags & F_UNTOLD) {
       m.flags &= static_cast<uint8_t>(~F_UNTOLD);
     } else {
       told.push_back(k);
     }
-    m.lock.lock();
-    if (m.state == REPLICA && !(m.flags & F_INCOMING)) {
-      m.state = NOT_HERE;
-      m.flags &= static_cast<uint8_t>(~F_DELTA);
-      if (m.dirty) {  // a clean replica has nothing to give back
-        m.dirty = 0;
-        flushes[m.hint].put(k, 0, sh_.delta(k), sh_.layout().row_bytes(k));
-        sh_.clear_delta(k);
-      }
-      sh_.release(k);
-    }
-    m.lock.unlock();
+    release_replica(m, k, flushes);
   }
+  send_flushes(flushes, ob);
+  if (!told.empty()) send_intent(M_INTENT_DROP, told, nullptr, ob);
+}
+
+/// Key k stops being a replica here (not while it is being relocated here);
+/// its updates since the last refresh go to the owner (send_flushes).
+inline void Engine::release_replica(Meta& m, int64_t k, std::map<int, Builder>& flushes) {
+  m.lock.lock();
+  if (m.state == REPLICA && !(m.flags & F_INCOMING)) {
+    m.state = NOT_HERE;
+    m.flags &= static_cast<uint8_t>(~F_DELTA);
+    if (m.dirty) {  // a clean replica has nothing to give back
+      m.dirty = 0;
+      flushes[m.hint].put(k, 0, sh_.delta(k), sh_.layout().row_bytes(k));
+      sh_.clear_delta(k);
+    }
+    sh_.release(k);
+  }
+  m.lock.unlock();
+}
+
+inline void Engine::send_flushes(std::map<int, Builder>& flushes, Outbox& ob) {
   for (auto& [dest, b] : flushes) {
     const int64_t ts = reqs_.add_internal(static_cast<int64_t>(b.keys.size()));
     ob.to(dest, M_IPUSH, rank_, ts) = std::move(b);
   }
-  if (!told.empty()) send_intent(M_INTENT_DROP, told, ob);
+  flushes.clear();
 }
 
-inline void Engine::send_intent(int32_t type, const std::vector<int64_t>& keys, Outbox& ob) {
+/// `replica` (M_INTENT_ADD): per key, whether to ask for a replica where others intend it too.
+inline void Engine::send_intent(int32_t type, const std::vector<int64_t>& keys, const std::vector<uint8_t>* replica,
+                                Outbox& ob) {
   std::vector<Builder*> per(size_, nullptr);
-  for (int64_t k : keys) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const int64_t k = keys[i];
     const int d = dir_.home(k);
     if (!per[d]) {
       per[d] = &ob.to(d, type, rank_, reqs_.add_internal(1));
       per[d]->keys.reserve(keys.size() / size_ + 16);
       per[d]->pos.reserve(keys.size() / size_ + 16);
     }
-    per[d]->put(k, 0, nullptr, 0);
+    per[d]->put(k, replica ? (*replica)[i] : 0, nullptr, 0);
   }
 }
 
 /// Home: rank r intends (M_INTENT_ADD) or stopped intending (M_INTENT_DROP)
-/// these keys. One intending rank gets the key; several get replicas. A
-/// rank that reaches the owner's shard in place needs neither.
-inline void Engine::home_intent(int32_t type, int32_t r, const int64_t* keys, int64_t n, Outbox& ob) {
+/// these keys. One intending rank gets the key; with several, r gets a replica
+/// if it asked for one (`replica`, per key: see process_intents; the earlier
+/// intenders hold the key or their replicas already, or did not ask). A rank
+/// that reaches the owner's shard in place needs neither.
+inline void Engine::home_intent(int32_t type, int32_t r, const int64_t* keys, const int64_t* replica, int64_t n,
+                                Outbox& ob) {
   const bool moving = !shutting_down_;
   for (int64_t i = 0; i < n; ++i) {
     ahead(keys, n, i, type == M_INTENT_ADD);  // (the home often holds the key and hands it over)
@@ -186,10 +239,8 @@ inline void Engine::home_intent(int32_t type, int32_t r, const int64_t* keys, in
       } else if (tech_ == T_ALL) {
         if (cnt == 1) {
           if (!shm_.reaches(r, own)) relocate(k, r, ob);
-        } else {
-          dir_.for_intenders(k, [&](int q) {
-            if (!shm_.reaches(q, own)) grant_replica(k, q, ob);
-          });
+        } else if (replica[i] != 0 && !shm_.reaches(r, own)) {
+          grant_replica(k, r, ob);
         }
       }
     } else {

@@ -290,7 +290,7 @@ inline void Engine::handle_msg(int src, const char* buf) {
     }
     case M_INTENT_ADD:
     case M_INTENT_DROP:
-      home_intent(m.h.type, m.h.origin, m.keys, m.h.n, ob);
+      home_intent(m.h.type, m.h.origin, m.keys, m.pos, m.h.n, ob);
       flush(ob);  // grants must reach the ranks before the ack (FIFO per source)
       ob.to(m.h.origin, M_INTENT_ACK, rank_, m.h.ts).put(0, 0, nullptr, 0);
       break;

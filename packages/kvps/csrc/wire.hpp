@@ -36,7 +36,7 @@ enum MsgType : int32_t {
   M_LOCALIZE,      // to the home: move these keys to the origin
   M_TRANSFER,      // home -> owner: hand these keys over to rank pos
   M_HANDOVER,      // owner -> new owner: the slot; pos = version
-  M_INTENT_ADD,    // to the home: the origin intends these keys
+  M_INTENT_ADD,    // to the home: the origin intends these keys; pos = 1: a replica where others intend them too
   M_INTENT_DROP,   // to the home: the origin no longer intends these keys
   M_INTENT_ACK,    // home -> origin: the intent message was processed
   M_RELOC_NOTICE,  // home -> new owner: the key is on its way to you

@@ -9,6 +9,9 @@ Checks:
     locally, and a one-off key that then recurs is moved at once; one that
     comes back only after a gap longer than the lookahead does not recur;
   * intents with a window of several clocks always move their keys;
+  * replicas of keys both ranks intend: once most uses of replicated keys are not
+    in consecutive clocks, keys used every other clock lose their replicas, keys
+    used every clock keep them;
   * every push, through whichever path, is counted exactly.
 """
 
@@ -87,5 +90,39 @@ settle_and_check_sums(w, s, comm, pushed, L, clocks=2)  # exact sums over every 
 st = s.stats()
 s.barrier()
 s.shutdown()
+
+# Replicas of keys both ranks intend: a replica is refreshed every clock while it lives,
+# so it pays for keys used every clock. Once most uses of replicated keys here are not
+# in consecutive clocks, the replicas of keys used every other clock are released (the
+# keys are accessed at their owner), while keys used every clock keep theirs.
+kvps.setup(NK, 1, "all")
+AHEAD = 4  # the intent of a key used every other clock arrives before its replica's drop
+s = kvps.Server(L, shared_memory=False, intent_lookahead=AHEAD)
+w = kvps.Worker(0, s)
+pushed = np.zeros(NK, dtype=np.int64)
+every = np.arange(100_000, 100_040, dtype=np.int64)
+sporadic = np.arange(100_100, 100_400, dtype=np.int64)
+CLOCKS = 40
+plan = [np.concatenate([every, sporadic]) if i % 2 == 0 else every for i in range(CLOCKS + AHEAD)]
+for i in range(AHEAD):
+    w.intent(plan[i], i, i + 1)
+s.barrier()
+for i in range(CLOCKS):
+    w.intent(plan[i + AHEAD], i + AHEAD, i + AHEAD + 1)
+    keys = plan[i]
+    w.pull(keys, np.zeros(len(keys) * L, dtype=np.float32))
+    w.wait(w.push(keys, np.ones(len(keys) * L, dtype=np.float32)))
+    pushed[keys] += 1
+    w.advance_clock()
+REPLICA = kvps._kvps.KEY_STATES["replica"]
+rep_every = comm.allreduce(sum(s._engine.key_state(int(k)) == REPLICA for k in every))
+rep_sporadic = comm.allreduce(sum(s._engine.key_state(int(k)) == REPLICA for k in sporadic))
+assert rep_sporadic == 0, f"{rep_sporadic} replicas of keys used every other clock were kept"
+assert rep_every > 0, "keys both ranks use every clock lost their replicas"
+s.barrier()
+settle_and_check_sums(w, s, comm, pushed, L, clocks=AHEAD + 2)  # exact sums over every path
+st2 = s.stats()
+s.barrier()
+s.shutdown()
 if rank == 0:
-    print(f"cost model ok: {st}", flush=True)
+    print(f"cost model ok: {st} / shared keys: {rep_every} replicas of keys used every clock, {st2}", flush=True)
