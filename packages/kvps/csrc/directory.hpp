@@ -96,6 +96,7 @@ class Directory {
       m.flags = 0;
       m.dirty = 0;
       m.want = 0;
+      m.plain = 0;
       m.last = 0;
       m.imask = 0;
     }

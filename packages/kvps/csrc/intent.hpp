@@ -104,9 +104,10 @@ inline void Engine::process_intents(int w, Outbox& ob) {
       // back). For other keys it pays only while most uses of replicated keys
       // here are steady (ReuseModel::replicas_pay; true at first, as in AdaPM).
       // ("replication_only" keeps every replica: the user's choice)
-      if (m.state == REPLICA || m.plain) reuse_.note_replica_use(seen.steady);
+      if (m.state == REPLICA || (m.plain && m.state == NOT_HERE)) reuse_.note_replica_use(seen.steady);
       const bool replica = tech_ != T_ALL || window >= 2 || seen.steady || reuse_.replicas_pay();
-      auto tell = [&] {
+      auto tell = [&] {  // (told: its drop must reach the home too)
+        m.flags &= static_cast<uint8_t>(~F_UNTOLD);
         add.push_back(k);
         add_replica.push_back(replica);
         m.plain = !replica;
@@ -114,9 +115,7 @@ inline void Engine::process_intents(int w, Outbox& ob) {
       // (state: written by this thread only)
       if (m.want++ != 0) {
         if ((m.flags & F_UNTOLD) && recurs && m.state != OWNED) {
-          // wanted already, but left at its owner: it recurs now, so move it
-          m.flags &= static_cast<uint8_t>(~F_UNTOLD);
-          tell();
+          tell();  // wanted already, but left at its owner: it recurs now, so move it
         } else if (m.plain && replica && m.state == NOT_HERE) {
           tell();  // told without a replica, and used every clock now: ask for one
         } else if (!replica && m.state == REPLICA && !(m.flags & F_INCOMING)) {
