@@ -89,6 +89,22 @@ struct IntentEntry {
   std::vector<int64_t> keys;
 };
 
+/// A share of events that were hits, decaying over the last few thousand
+/// events and starting at 1 (as if every event so far had been a hit).
+class DecayingShare {
+ public:
+  void event() {
+    events_ = events_ * kDecay + 1;
+    hits_ *= kDecay;
+  }
+  void hit() { hits_ += 1; }
+  bool at_least_half() const { return hits_ >= 0.5 * events_; }
+
+ private:
+  static constexpr double kDecay = 1.0 - 1.0 / 2048;
+  double events_ = 512, hits_ = 512;
+};
+
 /// The judgment whether moving a key here pays (see intent.hpp).
 class ReuseModel {
  public:
@@ -102,25 +118,20 @@ class ReuseModel {
   };
   Seen note(Meta& m, int64_t start, int64_t end);
   bool worth_moving(int64_t window, bool recurs) const;
-  /// The observed share of fresh keys that came back.
-  double reuse_share() const { return hits_ / seen_; }
   /// An intent of a key this rank holds a replica of, or was told to access
   /// without one (intent.hpp): `steady` when it is used in consecutive clocks.
   void note_replica_use(bool steady) {
-    r_seen_ = r_seen_ * kDecay + 1;
-    r_steady_ = r_steady_ * kDecay + (steady ? 1 : 0);
+    replica_uses_.event();
+    if (steady) replica_uses_.hit();
   }
   /// Whether replicas of keys not used in consecutive clocks pay here: while at
   /// least half of the uses of such keys were steady (at first: as AdaPM does).
-  bool replicas_pay() const { return r_steady_ >= 0.5 * r_seen_; }
+  bool replicas_pay() const { return replica_uses_.at_least_half(); }
 
  private:
-  // an exponentially decaying count over the last few thousand fresh keys,
-  // starting as if every fresh key had come back
-  static constexpr double kDecay = 1.0 - 1.0 / 2048;
   int32_t horizon_;
-  double seen_ = 512, hits_ = 512;
-  double r_seen_ = 512, r_steady_ = 512;
+  DecayingShare fresh_;         // fresh keys (hit: the key recurred)
+  DecayingShare replica_uses_;  // uses of replicated keys (hit: steady)
 };
 
 /// Intents take effect in rounds every this many clocks (intent.hpp): with

@@ -63,12 +63,11 @@ inline ReuseModel::Seen ReuseModel::note(Meta& m, int64_t start, int64_t end) {
   const bool recurs = m.last != 0 && gap <= horizon_;
   if (m.flags & F_FRESH) {
     m.flags &= static_cast<uint8_t>(~F_FRESH);
-    if (recurs) hits_ += 1;  // a fresh key came back
+    if (recurs) fresh_.hit();  // a fresh key came back
   }
   if (!recurs) {
     m.flags |= F_FRESH;
-    seen_ = seen_ * kDecay + 1;
-    hits_ *= kDecay;
+    fresh_.event();
   }
   const bool steady = m.last != 0 && gap <= 0;
   if (m.last == 0 || static_cast<int32_t>(e - m.last) > 0) m.last = e;
@@ -76,7 +75,7 @@ inline ReuseModel::Seen ReuseModel::note(Meta& m, int64_t start, int64_t end) {
 }
 
 inline bool ReuseModel::worth_moving(int64_t window, bool recurs) const {
-  return window >= 2 || recurs || hits_ >= 0.5 * seen_;
+  return window >= 2 || recurs || fresh_.at_least_half();
 }
 
 inline void Engine::process_intents(int w, Outbox& ob) {
