@@ -9,7 +9,9 @@ It brings up distkit's simulated cluster (``ci/cluster/README.md``: network
 namespaces dkh1, dkh2 on one machine, TCP between them), runs
 ``bench_kvps.py --zipf-across-hosts`` there with ranks 0-1 on dkh1 and 2-3 on
 dkh2 (``distkit_common.testing.run_cluster``), removes the cluster again and
-prints the job's BENCH lines (ratio = time without / with intent, goal >= 2x).
+prints the job's BENCH lines (ratio = time without / with intent, goal >= 2x;
+and the bound on that ratio: the classic server with every key homed where the
+run uses it most, against hash placement).
 ``nox -s bench`` runs it too (where the machine cannot host the cluster it
 says so and measures nothing).
 On a real cluster run the same script directly:

@@ -1,8 +1,9 @@
 // profile.hpp - KVPS_PROFILE=1: where the progress thread spends its time.
 //
-// Per message / command type: count, wall and CPU time, bytes; the thread's
-// total CPU time; and how long relocated keys took from the home's notice to
-// their arrival. Printed to stderr when the engine stops.
+// Per message / command type handled: count, wall and CPU time, bytes; per
+// message type sent: count and keys; the thread's total CPU time; and how long
+// relocated keys took from the home's notice to their arrival. Printed to
+// stderr when the engine stops.
 #pragma once
 
 #include <time.h>
@@ -44,6 +45,14 @@ class Profiler {
     e[3] += cpu_now() - cpu_;
   }
 
+  /// One message sent (its type and key count).
+  void sent(int32_t type, int64_t keys) {
+    if (!on_) return;
+    auto& e = sent_[type];
+    e[0] += 1;
+    e[1] += static_cast<double>(keys);
+  }
+
   /// A relocated key was announced (notice) / arrived (handover).
   void noticed(int64_t k, int64_t num_keys) {
     if (!on_) return;
@@ -61,8 +70,11 @@ class Profiler {
     for (auto& [t, e] : tab_)
       std::fprintf(stderr, "kvps prof rank %d type %d: n=%.0f us=%.0f cpu_us=%.0f bytes=%.0f\n", rank, t, e[0], e[1],
                    e[3], e[2]);
+    for (auto& [t, e] : sent_)
+      std::fprintf(stderr, "kvps prof rank %d sent type %d: n=%.0f keys=%.0f\n", rank, t, e[0], e[1]);
     std::fprintf(stderr, "kvps prof rank %d: progress thread cpu total %.0f us\n", rank, total_);
     tab_.clear();
+    sent_.clear();
     if (!lat_.empty()) {
       std::sort(lat_.begin(), lat_.end());
       auto q = [&](double f) { return lat_[static_cast<size_t>(f * (lat_.size() - 1))] * 1e3; };
@@ -84,7 +96,8 @@ class Profiler {
   }
 
   bool on_ = std::getenv("KVPS_PROFILE") != nullptr;
-  std::map<int32_t, std::array<double, 4>> tab_;  // count, wall us, bytes, cpu us
+  std::map<int32_t, std::array<double, 4>> tab_;   // handled, per type: count, wall us, bytes, cpu us
+  std::map<int32_t, std::array<double, 2>> sent_;  // sent, per type: messages, keys
   double cpu_ = 0, cpu0_ = 0, total_ = 0;
   std::vector<double> noticed_at_, lat_;
 };
