@@ -8,8 +8,10 @@ Prints one ``BENCH {json}`` line per measurement on rank 0 and writes
 ``mpiad_allreduce.png`` into $DISTKIT_BENCH_OUT (default: the current folder).
 
 ``--across-hosts``: the Allreduce rows only, for ranks on different hosts (TCP):
-mpiad (new output and ``out=``) against mpi4py on the same buffers and against
-gloo, one ratio row per size. On the simulated cluster (root; ci/cluster/README.md)
+mpiad (new output and ``out=``; from 256 KiB its pipelined ring) against mpi4py
+on the same buffers and against gloo, one ratio row per size; from 1 MiB also
+against a plain exchange of the buffers between the 2 ranks (the bytes any
+2-rank Allreduce moves: its time bounds large sizes). On the simulated cluster (root; ci/cluster/README.md)
 ``nox -s bench`` runs it on 2 hosts x 1 rank (the ``# cluster:`` line above), or by hand::
 
     python -c "from distkit_common.testing import run_cluster; \
@@ -151,6 +153,12 @@ def across_hosts() -> None:
                 "mpi4py": lambda: W.Allreduce(xn, resn, op=MPI.SUM),
                 "gloo": lambda: dist.all_reduce(gl),
             }
+            if size == 2 and nbytes >= 1 << 20:
+                # what any 2-rank Allreduce must move at least: each rank receives the
+                # equivalent of the other's whole buffer (a bandwidth bound for large sizes)
+                peer = 1 - rank
+                xch = torch.empty_like(x).numpy()
+                fns["exchange"] = lambda: W.Sendrecv(xn, peer, 0, xch, peer, 0)
             # the goal rows on their own, as on one host (see main)
             goal = bench({k: fns[k] for k in ("mpiad", "mpiad out=", "mpi4py")}, nbytes, rounds=7)
             t = bench(fns, nbytes, rounds=7)
@@ -175,6 +183,18 @@ def across_hosts() -> None:
                 )
             else:
                 emit(f"Allreduce {label} {where}: mpiad / mpi4py", r, "informational", True, lo=lo, hi=hi)
+            if "exchange" in t:
+                rx, xlo, xhi = ratio(t, "mpiad", "exchange")
+                emit(
+                    f"Allreduce {label} {where}: mpiad / MPI_Sendrecv of the whole buffer both ways (the bytes"
+                    " any 2-rank Allreduce moves)",
+                    rx,
+                    "informational",
+                    True,
+                    lo=xlo,
+                    hi=xhi,
+                    exchange_us=med(t["exchange"]) * 1e6,
+                )
             rg, glo, ghi = ratio(t, "mpiad", "gloo")
             emit(
                 f"Allreduce {label} {where}: mpiad / gloo all_reduce",

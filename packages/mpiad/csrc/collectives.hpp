@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <vector>
 
 #include "bigcount.hpp"
@@ -42,13 +44,22 @@ inline const char* at(const void* p, int64_t offset) { return static_cast<const 
 inline char* at(void* p, int64_t offset) { return static_cast<char*>(p) + offset; }
 
 // ------------------------------------------------------------ algorithm choice
-// Large Allreduce messages on one node: MPI_Reduce to rank 0 + MPI_Bcast beats
-// Open MPI's default MPI_Allreduce there (measured: packages/mpiad/README.md).
-enum Algo : int { kAlgoAuto = 0, kAlgoMpi = 1, kAlgoReduceBcast = 2 };
+// Large Allreduce messages take one of three paths (measured: packages/mpiad/README.md):
+// - ranks on one node: MPI_Reduce to rank 0 + MPI_Bcast from `large_bytes` on,
+//   which beats Open MPI's default MPI_Allreduce there;
+// - ranks on several nodes: a pipelined ring (ring_allreduce below) from
+//   `ring_bytes` on: every byte crosses the network once each way, as a plain
+//   exchange of the buffers would, where MPI_Allreduce took 1.4x as long;
+// - otherwise MPI_Allreduce.
+enum Algo : int { kAlgoAuto = 0, kAlgoMpi = 1, kAlgoReduceBcast = 2, kAlgoRing = 3 };
+
+/// The ring's default threshold: below it MPI_Allreduce's fewer, larger steps win.
+constexpr int64_t kRingBytes = int64_t(256) << 10;
 
 struct AllreduceConfig {
   std::atomic<int> mode{kAlgoAuto};
   std::atomic<int64_t> large_bytes{int64_t(32) << 20};
+  std::atomic<int64_t> ring_bytes{kRingBytes};
 };
 
 inline AllreduceConfig& allreduce_config() {
@@ -66,28 +77,66 @@ inline bool comm_is_shared(MPI_Comm c) {
   return all != 0;
 }
 
-/// Whether an Allreduce of `nbytes` on `c` uses Reduce + Bcast. The "auto" answer
-/// needs one collective on the first large message of a communicator (every rank
-/// passes the same size, so every rank takes part); it is cached as an MPI
-/// attribute, which dies with the communicator (a reused handle cannot see it).
-inline bool use_reduce_bcast(MPI_Comm c, int64_t nbytes) {
-  auto& cfg = allreduce_config();
-  if (nbytes < cfg.large_bytes.load()) return false;
-  const int mode = cfg.mode.load();
-  if (mode != kAlgoAuto) return mode == kAlgoReduceBcast;
+/// What the large-message paths need to know of a communicator, found once.
+struct CommPlan {
+  bool shared = false;
+  /// A duplicate of the communicator for the ring's point-to-point messages:
+  /// on the user's own communicator they could match the user's receives.
+  MPI_Comm ring = MPI_COMM_NULL;
+};
+
+inline int free_comm_plan(MPI_Comm, int, void* value, void*) {
+  auto* plan = static_cast<CommPlan*>(value);
+  if (plan->ring != MPI_COMM_NULL) MPI_Comm_free(&plan->ring);
+  delete plan;
+  return MPI_SUCCESS;
+}
+
+/// The plan of `c`: collective on the first call for `c` (every rank passes the
+/// same message size, so every rank calls it then); cached as an MPI attribute,
+/// which dies with the communicator (a reused handle cannot see it).
+inline CommPlan& comm_plan(MPI_Comm c) {
   static const int keyval = [] {
     int k = MPI_KEYVAL_INVALID;
-    dm::check(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, MPI_COMM_NULL_DELETE_FN, &k, nullptr),
-              "MPI_Comm_create_keyval");
+    dm::check(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &free_comm_plan, &k, nullptr), "MPI_Comm_create_keyval");
     return k;
   }();
   void* value = nullptr;
   int found = 0;
   dm::check(MPI_Comm_get_attr(c, keyval, &value, &found), "MPI_Comm_get_attr");
-  if (found) return reinterpret_cast<intptr_t>(value) == 2;
-  const bool shared = comm_is_shared(c);
-  dm::check(MPI_Comm_set_attr(c, keyval, reinterpret_cast<void*>(intptr_t(shared ? 2 : 1))), "MPI_Comm_set_attr");
-  return shared;
+  if (found) return *static_cast<CommPlan*>(value);
+  auto plan = std::make_unique<CommPlan>();
+  plan->shared = comm_is_shared(c);
+  dm::check(MPI_Comm_set_attr(c, keyval, plan.get()), "MPI_Comm_set_attr");
+  return *plan.release();
+}
+
+/// The ring's private duplicate of `c` (collective on the first ring Allreduce on `c`).
+inline MPI_Comm ring_comm(MPI_Comm c) {
+  CommPlan& plan = comm_plan(c);
+  if (plan.ring == MPI_COMM_NULL) dm::check(MPI_Comm_dup(c, &plan.ring), "MPI_Comm_dup");
+  return plan.ring;
+}
+
+enum class Path { kMpi, kReduceBcast, kRing };
+
+/// The path of an Allreduce of `nbytes` on `c` (the same on every rank).
+inline Path allreduce_path(MPI_Comm c, int64_t nbytes) {
+  auto& cfg = allreduce_config();
+  const int64_t large = cfg.large_bytes.load(), ring = cfg.ring_bytes.load();
+  switch (cfg.mode.load()) {
+    case kAlgoMpi:
+      return Path::kMpi;
+    case kAlgoReduceBcast:
+      return nbytes >= large ? Path::kReduceBcast : Path::kMpi;
+    case kAlgoRing:
+      return nbytes >= large ? Path::kRing : Path::kMpi;
+    default:
+      break;
+  }
+  if (nbytes < std::min(large, ring)) return Path::kMpi;
+  if (comm_plan(c).shared) return nbytes >= large ? Path::kReduceBcast : Path::kMpi;
+  return nbytes >= ring ? Path::kRing : Path::kMpi;
 }
 
 // ------------------------------------------------------------------ reductions
@@ -109,12 +158,90 @@ inline Reduction reduction(int64_t op, DType d, int64_t nbytes) {
   return r;
 }
 
+// ------------------------------------------------------------------ ring
+/// The ring moves each step's block in pieces of this size, so that a piece is
+/// reduced and passed on while the next one is on the wire.
+constexpr int64_t kRingSegmentBytes = int64_t(1) << 20;
+
+/// Allreduce as a pipelined ring on `pc` (the private duplicate): the buffer is
+/// cut into one block per rank; in p-1 steps every rank passes a block to its
+/// right neighbour, which reduces it into its own (reduce-scatter), and in p-1
+/// more steps the reduced blocks go round (allgather). Each rank sends and
+/// receives 2 (p-1)/p of the buffer. A received piece is passed on as soon as
+/// it is reduced. Every rank ends with the same values (each block is reduced
+/// once, in one order). send == recv: in place.
+inline void ring_allreduce(MPI_Comm pc, const void* send, void* recv, const Reduction& r) {
+  const int p = comm_size(pc), me = comm_rank(pc);
+  const bool inplace = send == recv;
+  char* out = static_cast<char*>(recv);
+  const char* in = static_cast<const char*>(send);
+  const int64_t ib = r.item_bytes;
+  if (p == 1) {
+    if (!inplace) std::memcpy(out, in, static_cast<size_t>(r.items * ib));
+    return;
+  }
+  const int right = (me + 1) % p, left = (me + p - 1) % p;
+  const int64_t base = r.items / p, extra = r.items % p;
+  auto first = [&](int b) { return b * base + std::min<int64_t>(b, extra); };  // in items
+  auto count = [&](int b) { return base + (b < extra ? 1 : 0); };
+  auto block = [&](int t) { return ((me - t) % p + p) % p; };  // the block this rank sends at step t
+  const int64_t seg = std::max<int64_t>(1, kRingSegmentBytes / ib);
+  // in place, a received piece cannot land on this rank's own values: a buffer of one block
+  std::vector<char> tmp(inplace ? static_cast<size_t>(count(0) * ib) : 0);
+  std::vector<MPI_Request> sent, next, recvd;
+  auto isend = [&](const char* buf, int64_t n, std::vector<MPI_Request>& reqs) {
+    reqs.emplace_back();
+    dm::check(MPI_Isend(buf, static_cast<int>(n), r.type, right, 0, pc, &reqs.back()), "MPI_Isend");
+  };
+  // step 0 sends this rank's own block
+  const int b0 = block(0);
+  for (int64_t i = 0; i < count(b0); i += seg)
+    isend((inplace ? out : in) + (first(b0) + i) * ib, std::min(seg, count(b0) - i), sent);
+  const int steps = 2 * (p - 1);
+  for (int t = 0; t < steps; ++t) {
+    const int c = block(t + 1);  // the block received at step t (and sent at step t + 1)
+    const bool reduce = t < p - 1;
+    const int64_t n = count(c), off = first(c) * ib;
+    recvd.clear();
+    for (int64_t i = 0; i < n; i += seg) {
+      char* dst = (reduce && inplace ? tmp.data() : out + off) + i * ib;
+      recvd.emplace_back();
+      dm::check(MPI_Irecv(dst, static_cast<int>(std::min(seg, n - i)), r.type, left, 0, pc, &recvd.back()),
+                "MPI_Irecv");
+    }
+    for (size_t j = 0; j < recvd.size(); ++j) {
+      dm::check(MPI_Wait(&recvd[j], MPI_STATUS_IGNORE), "MPI_Wait");
+      const int64_t i = static_cast<int64_t>(j) * seg, m = std::min(seg, n - i);
+      char* piece = out + off + i * ib;
+      if (reduce) {
+        // out = received op own (ops are commutative); in place the received piece is in tmp
+        const char* other = inplace ? tmp.data() + i * ib : in + off + i * ib;
+        dm::check(MPI_Reduce_local(other, piece, static_cast<int>(m), r.type, r.op), "MPI_Reduce_local");
+      }
+      if (t + 1 < steps) isend(piece, m, next);
+    }
+    // a block's region is received into again p - 1 steps after it was sent: the sends
+    // of this step complete before the next step (they are what the right neighbour
+    // receives now)
+    if (!sent.empty()) dm::check(MPI_Waitall(static_cast<int>(sent.size()), sent.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    sent.swap(next);
+    next.clear();
+  }
+  if (!sent.empty()) dm::check(MPI_Waitall(static_cast<int>(sent.size()), sent.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+}
+
 /// recv = op over the ranks' send (send == recv: in place); `nbytes` per rank;
 /// `r` = reduction(op, d, nbytes), validated by the caller before any communication.
 inline void allreduce(MPI_Comm c, const void* send, void* recv, int64_t nbytes, DType d, int64_t op,
                       const Reduction& r) {
   const bool inplace = send == recv;
-  const bool rb = use_reduce_bcast(c, nbytes);
+  const Path path = allreduce_path(c, nbytes);
+  if (path == Path::kRing) {  // (its messages are pieces of at most kRingSegmentBytes: no large counts)
+    ring_allreduce(ring_comm(c), send, recv, r);
+    if (op == kAvg) divide_by(recv, nbytes / distkit::itemsize(d), d, comm_size(c));
+    return;
+  }
+  const bool rb = path == Path::kReduceBcast;
   const int rank = rb ? comm_rank(c) : 0;
 #if MPI_VERSION >= 4
   const int64_t step = r.items;

@@ -207,6 +207,8 @@ PYBIND11_MODULE(_mpiad, m) {
   m.attr("ALGO_AUTO") = int(mpiad::kAlgoAuto);
   m.attr("ALGO_MPI") = int(mpiad::kAlgoMpi);
   m.attr("ALGO_REDUCE_BCAST") = int(mpiad::kAlgoReduceBcast);
+  m.attr("ALGO_RING") = int(mpiad::kAlgoRing);
+  m.attr("RING_BYTES") = mpiad::kRingBytes;
   m.attr("MPI_VERSION") = MPI_VERSION;
 
   m.def("mpi_library_version", &distkit::mpi::library_version);
@@ -238,17 +240,21 @@ PYBIND11_MODULE(_mpiad, m) {
     return out;
   }, "Every (op, dtype code) pair a reduction accepts.");
 
-  m.def("configure_allreduce", [](int mode, int64_t large_bytes) {
-    check<distkit::ValueError>(mode >= mpiad::kAlgoAuto && mode <= mpiad::kAlgoReduceBcast, "unknown algorithm ", mode);
+  m.def("configure_allreduce", [](int mode, int64_t large_bytes, int64_t ring_bytes) {
+    check<distkit::ValueError>(mode >= mpiad::kAlgoAuto && mode <= mpiad::kAlgoRing, "unknown algorithm ", mode);
     check<distkit::ValueError>(large_bytes >= 0, "large_bytes must be >= 0, got ", large_bytes);
+    check<distkit::ValueError>(ring_bytes >= 0, "ring_bytes must be >= 0, got ", ring_bytes);
     mpiad::allreduce_config().mode = mode;
     mpiad::allreduce_config().large_bytes = large_bytes;
-  }, py::arg("mode"), py::arg("large_bytes"),
-     "Allreduce algorithm for messages of at least `large_bytes`: ALGO_AUTO (Reduce+Bcast when every rank "
-     "shares one node), ALGO_MPI (MPI_Allreduce), ALGO_REDUCE_BCAST. Every rank must use the same setting.");
+    mpiad::allreduce_config().ring_bytes = ring_bytes;
+  }, py::arg("mode"), py::arg("large_bytes"), py::arg("ring_bytes") = mpiad::kRingBytes,
+     "Allreduce algorithms: ALGO_AUTO (from `large_bytes` Reduce+Bcast when every rank shares one node; "
+     "from `ring_bytes` the pipelined ring when the ranks span nodes), ALGO_MPI (MPI_Allreduce), and, "
+     "from `large_bytes`, ALGO_REDUCE_BCAST or ALGO_RING. Every rank must use the same setting.");
   m.def("allreduce_settings", [] {
-    return py::make_tuple(mpiad::allreduce_config().mode.load(), mpiad::allreduce_config().large_bytes.load());
-  }, "(mode, large_bytes) of configure_allreduce.");
+    auto& cfg = mpiad::allreduce_config();
+    return py::make_tuple(cfg.mode.load(), cfg.large_bytes.load(), cfg.ring_bytes.load());
+  }, "(mode, large_bytes, ring_bytes) of configure_allreduce.");
 
   m.def("set_count_limit", [](int64_t limit) {
     check<distkit::ValueError>(limit >= 1 && limit <= INT_MAX, "limit must be in 1..", INT_MAX, ", got ", limit);

@@ -138,8 +138,9 @@ for dt in (torch.float32, torch.float64, torch.int32, torch.int64, torch.float16
     ], mx
     assert mn[:, 0].tolist() == [0, -(size - 1), 5, 0] and mn[:, 1].tolist() == [0, size - 1, 0, 0], mn
 
-# large messages: both Allreduce algorithms (MPI_Allreduce; Reduce + Bcast on one node)
-for mode in ("mpi", "reduce_bcast", "auto"):
+# large messages: every Allreduce algorithm (MPI_Allreduce; Reduce + Bcast on one node; the ring
+# across nodes)
+for mode in ("mpi", "reduce_bcast", "ring", "auto"):
     _algo.configure(mode, 1 << 18)  # exercise the large-message algorithms with 512 KiB messages
     big = torch.arange(1 << 17, dtype=torch.float32) * (rank + 1)  # 512 KiB
     want = torch.arange(1 << 17, dtype=torch.float32) * (size * (size + 1) // 2)
@@ -158,6 +159,56 @@ for mode in ("mpi", "reduce_bcast", "auto"):
     ag = big.clone().requires_grad_()
     (comm.Allreduce(ag, S.MPI_AVG) * (rank + 1)).sum().backward()
     assert torch.allclose(ag.grad, torch.full_like(big, (size + 1) / 2)), mode
+_algo.configure()
+
+# The pipelined ring (the default across nodes from MPIAD_RING_BYTES), forced for every size:
+# item counts that do not split evenly into blocks and 1 MiB pieces (fewer items than ranks,
+# pieces with one item more), every kind of reduction, in place, MPI_AVG, autograd.
+_algo.configure("ring", 0)
+for n in (0, 1, size - 1, size + 1, 1001, (1 << 18) + 3, (1 << 19) + size):
+    for dt in (torch.float32, torch.float64, torch.int64, torch.int8, torch.float16, torch.bfloat16):
+        x = (torch.arange(n) % 7 + rank).to(dt)
+        want = (torch.arange(n) % 7 * size + size * (size - 1) // 2).to(dt)
+        assert torch.equal(comm.Allreduce(x, S.MPI_SUM), want), (n, dt)
+        ip = x.clone()
+        assert comm.Allreduce(ip, S.MPI_SUM, out=ip) is ip and torch.equal(ip, want), (n, dt)
+        assert torch.equal(comm.Allreduce(x, S.MPI_MIN), (torch.arange(n) % 7).to(dt)), (n, dt)
+    if n:
+        # (value, index) pairs: the largest |value| is on the odd ranks (ties: the lowest rank)
+        v = (torch.arange(n, dtype=torch.float64) % 5) * (1 if rank % 2 else -1)
+        pairs = torch.stack([v, torch.full((n,), float(rank), dtype=torch.float64)], -1)
+        mx = comm.Allreduce(pairs, S.MPI_MAXLOC)
+        zero = torch.arange(n) % 5 == 0
+        assert torch.equal(mx[:, 0], torch.arange(n, dtype=torch.float64) % 5 if size > 1 else v), n
+        assert torch.equal(mx[:, 1], torch.where(zero | (size == 1), 0.0, 1.0).double()), n
+    avg = comm.Allreduce(torch.full((n,), float(rank + 1)), S.MPI_AVG)
+    assert torch.allclose(avg, torch.full((n,), (size + 1) / 2)), n
+    g = torch.ones(n, requires_grad=True)
+    (comm.Allreduce(g, S.MPI_SUM) * (rank + 1)).sum().backward()
+    assert torch.equal(g.grad, torch.full((n,), float(size * (size + 1) // 2))), n
+# sums that round: every rank ends with the same bits, close to MPI_Allreduce's
+noisy = torch.rand((1 << 19) + 5, generator=torch.Generator().manual_seed(rank), dtype=torch.float32)
+ring_sum = comm.Allreduce(noisy, S.MPI_SUM)
+assert all(torch.equal(ring_sum, t) for t in W.allgather(ring_sum)), "ring results differ between ranks"
+_algo.configure("mpi")
+assert torch.allclose(ring_sum, comm.Allreduce(noisy, S.MPI_SUM), rtol=1e-5)
+# a communicator the ring used (it keeps a private duplicate) is freed with it, many times over
+_algo.configure("ring", 0)
+for i in range(40):
+    sub_mpi = MPI.COMM_WORLD.Split(rank % 2, rank)
+    sub = mpiad.comm_from_mpi4py(sub_mpi)
+    got = sub.Allreduce(torch.full((1000,), float(i)), S.MPI_SUM)
+    assert torch.equal(got, torch.full((1000,), float(i * sub_mpi.size)))
+    sub_mpi.Free()
+_algo.configure()
+assert _algo.ring_bytes() == mpiad._mpiad.RING_BYTES and _algo.large_bytes() == _algo.DEFAULT_LARGE_BYTES
+for bad in ({"mode": "rings"}, {"ring_bytes": -1}, {"large_bytes": -5}):
+    try:
+        _algo.configure(**bad)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"configure({bad}) did not raise")
 _algo.configure()
 
 # Reduce_scatter, default equal split
