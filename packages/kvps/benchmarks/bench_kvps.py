@@ -286,10 +286,11 @@ def zipf_across_hosts(rounds: int) -> None:
             ratio_min=float(min(a / b for a, b in zip(t_none, t_all))),
             ratio_max=float(max(a / b for a, b in zip(t_none, t_all))),
         )
-        # What no intent implementation can beat here: the classic server with every key
-        # already on the host (and rank) that uses it most over the whole run, moved for free
-        # (replicas aside: each key is used at most once per step, so a replica refreshed
-        # every step ships as many rows as the accesses it serves).
+        # What no placement of the keys can beat here: the classic server with every key
+        # already on the host (and rank) that uses it most over the whole run, moved for free.
+        # (Moving keys back and forth instead costs a move per 1.6 uses at this lookahead, and
+        # a replica refreshed every step ships as many rows as the accesses it serves: each
+        # key is used at most once per step. README, Benchmarks.)
         msgs = {
             k: v["remote"] / max(1, v["local"] + v["shared"] + v["remote"])
             for k, v in (("hash", st_none), ("oracle", st_orc))
@@ -298,7 +299,7 @@ def zipf_across_hosts(rounds: int) -> None:
         emit(
             f"Zipf(1.1) {nk // 1000}k keys x 64, batch 4096, {what}, 2 hosts x 2 ranks: classic server time with"
             " keys homed by hash / with every key homed where it is used most (perfect foresight, free moves):"
-            " the most relocation can gain on this workload",
+            " the most any placement of the keys gains on this workload",
             ro,
             "info (bounds the >= 2 row)",
             None,
