@@ -113,6 +113,22 @@ def zipf_batches(r: int, nk: int, count: int, batch: int, per_rank: bool) -> lis
     return [np.unique(perm[(rng.zipf(1.1, size=batch) - 1) % nk]).astype(np.int64) for _ in range(count)]
 
 
+def uses_per_stay(nk: int, count: int, batch: int, per_rank: bool, ahead: int) -> float:
+    """Accesses per stay of a key on a rank: a stay ends when the key is not used for `ahead` clocks.
+
+    A server that moves every key in before its use and out when its intent ends
+    pays one move per stay; this is how many accesses each move saves.
+    """
+    accesses = stays = 0
+    for r in range(size):
+        last = np.full(nk, -(ahead + 1), dtype=np.int64)
+        for t, b in enumerate(zipf_batches(r, nk, count, batch, per_rank)):
+            stays += int(np.count_nonzero(t - last[b] > ahead))
+            accesses += b.size
+            last[b] = t
+    return accesses / max(1, stays)
+
+
 def oracle_placement(nk: int, count: int, batch: int, per_rank: bool, hosts: list[str]) -> tuple[np.ndarray, int]:
     """New key ids that home every key where the whole run's accesses to it are cheapest.
 
@@ -304,6 +320,7 @@ def zipf_across_hosts(rounds: int) -> None:
             "info (bounds the >= 2 row)",
             None,
             steps_per_s_oracle=measured / to,
+            uses_per_stay=uses_per_stay(nk, steps, batch, per_rank, ahead) if rank == 0 else 0.0,
             share_of_accesses_by_message_hash=msgs["hash"],
             share_of_accesses_by_message_oracle=msgs["oracle"],
         )

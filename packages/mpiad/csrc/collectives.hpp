@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -79,15 +80,22 @@ inline bool comm_is_shared(MPI_Comm c) {
 
 /// What the large-message paths need to know of a communicator, found once.
 struct CommPlan {
-  bool shared = false;
-  /// A duplicate of the communicator for the ring's point-to-point messages:
-  /// on the user's own communicator they could match the user's receives.
+  bool inter = false;   // an intercommunicator: MPI_Allreduce only
+  bool shared = false;  // every rank on one node
+  /// The ring's own communicator: the ranks of `c` ordered host by host (so that
+  /// only one hop per host crosses the network), and private, so that its
+  /// point-to-point messages never match the user's receives.
   MPI_Comm ring = MPI_COMM_NULL;
+  /// Tag of the next ring call: a call that failed half-way leaves messages
+  /// that must not match a later call's receives.
+  int next_tag = 0;
 };
 
 inline int free_comm_plan(MPI_Comm, int, void* value, void*) {
   auto* plan = static_cast<CommPlan*>(value);
-  if (plan->ring != MPI_COMM_NULL) MPI_Comm_free(&plan->ring);
+  int finalized = 0;
+  MPI_Finalized(&finalized);  // (some MPI libraries delete attributes during MPI_Finalize)
+  if (!finalized && plan->ring != MPI_COMM_NULL) MPI_Comm_free(&plan->ring);
   delete plan;
   return MPI_SUCCESS;
 }
@@ -106,15 +114,28 @@ inline CommPlan& comm_plan(MPI_Comm c) {
   dm::check(MPI_Comm_get_attr(c, keyval, &value, &found), "MPI_Comm_get_attr");
   if (found) return *static_cast<CommPlan*>(value);
   auto plan = std::make_unique<CommPlan>();
-  plan->shared = comm_is_shared(c);
+  int inter = 0;
+  dm::check(MPI_Comm_test_inter(c, &inter), "MPI_Comm_test_inter");
+  plan->inter = inter != 0;
+  plan->shared = !plan->inter && comm_is_shared(c);
   dm::check(MPI_Comm_set_attr(c, keyval, plan.get()), "MPI_Comm_set_attr");
   return *plan.release();
 }
 
-/// The ring's private duplicate of `c` (collective on the first ring Allreduce on `c`).
-inline MPI_Comm ring_comm(MPI_Comm c) {
-  CommPlan& plan = comm_plan(c);
-  if (plan.ring == MPI_COMM_NULL) dm::check(MPI_Comm_dup(c, &plan.ring), "MPI_Comm_dup");
+/// The ring's communicator of `c` (collective on the first ring Allreduce on `c`):
+/// the same ranks, numbered host by host (by the lowest rank of each host, then by rank).
+inline MPI_Comm ring_comm(CommPlan& plan, MPI_Comm c) {
+  if (plan.ring != MPI_COMM_NULL) return plan.ring;
+  const int me = comm_rank(c);
+  MPI_Comm node = MPI_COMM_NULL;
+  dm::check(MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  int host = me;
+  const int rc = MPI_Allreduce(&me, &host, 1, MPI_INT, MPI_MIN, node);
+  MPI_Comm_free(&node);
+  dm::check(rc, "MPI_Allreduce");
+  const int64_t key = int64_t(host) * comm_size(c) + me;
+  check<distkit::Error>(key <= INT_MAX, "communicator of ", comm_size(c), " ranks too large for the ring");
+  dm::check(MPI_Comm_split(c, 0, static_cast<int>(key), &plan.ring), "MPI_Comm_split");
   return plan.ring;
 }
 
@@ -124,18 +145,14 @@ enum class Path { kMpi, kReduceBcast, kRing };
 inline Path allreduce_path(MPI_Comm c, int64_t nbytes) {
   auto& cfg = allreduce_config();
   const int64_t large = cfg.large_bytes.load(), ring = cfg.ring_bytes.load();
-  switch (cfg.mode.load()) {
-    case kAlgoMpi:
-      return Path::kMpi;
-    case kAlgoReduceBcast:
-      return nbytes >= large ? Path::kReduceBcast : Path::kMpi;
-    case kAlgoRing:
-      return nbytes >= large ? Path::kRing : Path::kMpi;
-    default:
-      break;
-  }
-  if (nbytes < std::min(large, ring)) return Path::kMpi;
-  if (comm_plan(c).shared) return nbytes >= large ? Path::kReduceBcast : Path::kMpi;
+  const int mode = cfg.mode.load();
+  if (mode == kAlgoMpi || nbytes < (mode == kAlgoAuto ? std::min(large, ring) : large)) return Path::kMpi;
+  if (comm_size(c) == 1) return Path::kMpi;
+  const CommPlan& plan = comm_plan(c);
+  if (plan.inter) return Path::kMpi;
+  if (mode == kAlgoReduceBcast) return Path::kReduceBcast;
+  if (mode == kAlgoRing) return Path::kRing;
+  if (plan.shared) return nbytes >= large ? Path::kReduceBcast : Path::kMpi;
   return nbytes >= ring ? Path::kRing : Path::kMpi;
 }
 
@@ -163,14 +180,39 @@ inline Reduction reduction(int64_t op, DType d, int64_t nbytes) {
 /// reduced and passed on while the next one is on the wire.
 constexpr int64_t kRingSegmentBytes = int64_t(1) << 20;
 
-/// Allreduce as a pipelined ring on `pc` (the private duplicate): the buffer is
-/// cut into one block per rank; in p-1 steps every rank passes a block to its
+/// Requests of one ring call. Should a call fail half-way (an MPI error
+/// raised as an exception), its receives are cancelled before the buffers they
+/// write go away, and its sends are left to MPI: they carry this call's tag,
+/// which no later call receives.
+class RingRequests {
+ public:
+  std::vector<MPI_Request> sent, next, recvd;
+  ~RingRequests() {
+    for (auto& r : recvd) {
+      if (r == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&r);
+      MPI_Wait(&r, MPI_STATUS_IGNORE);
+    }
+    for (auto* v : {&sent, &next})
+      for (auto& r : *v)
+        if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+  }
+  static void wait_all(std::vector<MPI_Request>& v) {
+    if (!v.empty()) dm::check(MPI_Waitall(static_cast<int>(v.size()), v.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+  }
+};
+
+/// Allreduce as a pipelined ring on `pc` (the ring's communicator): the buffer
+/// is cut into one block per rank; in p-1 steps every rank passes a block to its
 /// right neighbour, which reduces it into its own (reduce-scatter), and in p-1
 /// more steps the reduced blocks go round (allgather). Each rank sends and
 /// receives 2 (p-1)/p of the buffer. A received piece is passed on as soon as
-/// it is reduced. Every rank ends with the same values (each block is reduced
-/// once, in one order). send == recv: in place.
-inline void ring_allreduce(MPI_Comm pc, const void* send, void* recv, const Reduction& r) {
+/// it is reduced. Every rank ends with the same values: each block is reduced
+/// once, in one order. (Which operand of a reduction is the received one
+/// differs between in place and not, as MPI leaves it open for its
+/// commutative ops; it shows only in the sign of a zero from MAX/MIN of -0 and
+/// +0, or in which NaN survives.) send == recv: in place.
+inline void ring_allreduce(MPI_Comm pc, int tag, const void* send, void* recv, const Reduction& r) {
   const int p = comm_size(pc), me = comm_rank(pc);
   const bool inplace = send == recv;
   char* out = static_cast<char*>(recv);
@@ -186,48 +228,49 @@ inline void ring_allreduce(MPI_Comm pc, const void* send, void* recv, const Redu
   auto count = [&](int b) { return base + (b < extra ? 1 : 0); };
   auto block = [&](int t) { return ((me - t) % p + p) % p; };  // the block this rank sends at step t
   const int64_t seg = std::max<int64_t>(1, kRingSegmentBytes / ib);
-  // in place, a received piece cannot land on this rank's own values: a buffer of one block
-  std::vector<char> tmp(inplace ? static_cast<size_t>(count(0) * ib) : 0);
-  std::vector<MPI_Request> sent, next, recvd;
+  // in place, a received piece cannot land on this rank's own values: room for one block
+  // (block 0 is the largest), not initialised
+  std::unique_ptr<char[]> tmp(inplace ? new char[static_cast<size_t>(count(0) * ib)] : nullptr);
+  RingRequests q;
   auto isend = [&](const char* buf, int64_t n, std::vector<MPI_Request>& reqs) {
-    reqs.emplace_back();
-    dm::check(MPI_Isend(buf, static_cast<int>(n), r.type, right, 0, pc, &reqs.back()), "MPI_Isend");
+    reqs.push_back(MPI_REQUEST_NULL);
+    dm::check(MPI_Isend(buf, static_cast<int>(n), r.type, right, tag, pc, &reqs.back()), "MPI_Isend");
   };
   // step 0 sends this rank's own block
   const int b0 = block(0);
   for (int64_t i = 0; i < count(b0); i += seg)
-    isend((inplace ? out : in) + (first(b0) + i) * ib, std::min(seg, count(b0) - i), sent);
+    isend((inplace ? out : in) + (first(b0) + i) * ib, std::min(seg, count(b0) - i), q.sent);
   const int steps = 2 * (p - 1);
   for (int t = 0; t < steps; ++t) {
     const int c = block(t + 1);  // the block received at step t (and sent at step t + 1)
     const bool reduce = t < p - 1;
     const int64_t n = count(c), off = first(c) * ib;
-    recvd.clear();
+    q.recvd.clear();
     for (int64_t i = 0; i < n; i += seg) {
-      char* dst = (reduce && inplace ? tmp.data() : out + off) + i * ib;
-      recvd.emplace_back();
-      dm::check(MPI_Irecv(dst, static_cast<int>(std::min(seg, n - i)), r.type, left, 0, pc, &recvd.back()),
+      char* dst = (reduce && inplace ? tmp.get() : out + off) + i * ib;
+      q.recvd.push_back(MPI_REQUEST_NULL);
+      dm::check(MPI_Irecv(dst, static_cast<int>(std::min(seg, n - i)), r.type, left, tag, pc, &q.recvd.back()),
                 "MPI_Irecv");
     }
-    for (size_t j = 0; j < recvd.size(); ++j) {
-      dm::check(MPI_Wait(&recvd[j], MPI_STATUS_IGNORE), "MPI_Wait");
+    for (size_t j = 0; j < q.recvd.size(); ++j) {
+      dm::check(MPI_Wait(&q.recvd[j], MPI_STATUS_IGNORE), "MPI_Wait");
       const int64_t i = static_cast<int64_t>(j) * seg, m = std::min(seg, n - i);
       char* piece = out + off + i * ib;
       if (reduce) {
-        // out = received op own (ops are commutative); in place the received piece is in tmp
-        const char* other = inplace ? tmp.data() + i * ib : in + off + i * ib;
+        // MPI_Reduce_local: inout = in op inout (in place the received piece is in tmp)
+        const char* other = inplace ? tmp.get() + i * ib : in + off + i * ib;
         dm::check(MPI_Reduce_local(other, piece, static_cast<int>(m), r.type, r.op), "MPI_Reduce_local");
       }
-      if (t + 1 < steps) isend(piece, m, next);
+      if (t + 1 < steps) isend(piece, m, q.next);
     }
     // a block's region is received into again p - 1 steps after it was sent: the sends
     // of this step complete before the next step (they are what the right neighbour
     // receives now)
-    if (!sent.empty()) dm::check(MPI_Waitall(static_cast<int>(sent.size()), sent.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
-    sent.swap(next);
-    next.clear();
+    RingRequests::wait_all(q.sent);
+    q.sent.swap(q.next);
+    q.next.clear();
   }
-  if (!sent.empty()) dm::check(MPI_Waitall(static_cast<int>(sent.size()), sent.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+  RingRequests::wait_all(q.sent);
 }
 
 /// recv = op over the ranks' send (send == recv: in place); `nbytes` per rank;
@@ -237,7 +280,10 @@ inline void allreduce(MPI_Comm c, const void* send, void* recv, int64_t nbytes, 
   const bool inplace = send == recv;
   const Path path = allreduce_path(c, nbytes);
   if (path == Path::kRing) {  // (its messages are pieces of at most kRingSegmentBytes: no large counts)
-    ring_allreduce(ring_comm(c), send, recv, r);
+    CommPlan& plan = comm_plan(c);
+    const int tag = plan.next_tag;
+    plan.next_tag = (plan.next_tag + 1) % 32768;  // (MPI_TAG_UB is at least 32767)
+    ring_allreduce(ring_comm(plan, c), tag, send, recv, r);
     if (op == kAvg) divide_by(recv, nbytes / distkit::itemsize(d), d, comm_size(c));
     return;
   }

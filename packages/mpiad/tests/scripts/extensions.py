@@ -192,7 +192,18 @@ ring_sum = comm.Allreduce(noisy, S.MPI_SUM)
 assert all(torch.equal(ring_sum, t) for t in W.allgather(ring_sum)), "ring results differ between ranks"
 _algo.configure("mpi")
 assert torch.allclose(ring_sum, comm.Allreduce(noisy, S.MPI_SUM), rtol=1e-5)
-# a communicator the ring used (it keeps a private duplicate) is freed with it, many times over
+# an intercommunicator keeps MPI_Allreduce (its result combines the *other* group's values)
+if size % 2 == 0:
+    local = MPI.COMM_WORLD.Split(rank % 2, rank)
+    inter_mpi = local.Create_intercomm(0, MPI.COMM_WORLD, 1 - rank % 2, tag=7)
+    inter = mpiad.comm_from_mpi4py(inter_mpi)
+    _algo.configure("ring", 0)
+    got = inter.Allreduce(torch.full((1000,), float(rank + 1)), S.MPI_SUM)
+    others = sum(r + 1 for r in range(size) if r % 2 != rank % 2)
+    assert torch.equal(got, torch.full((1000,), float(others))), (got[:3], others)
+    inter_mpi.Free()
+    local.Free()
+# a communicator the ring used (it keeps a communicator of its own) is freed with it, many times over
 _algo.configure("ring", 0)
 for i in range(40):
     sub_mpi = MPI.COMM_WORLD.Split(rank % 2, rank)
