@@ -40,6 +40,7 @@
 #include "distkit/error.hpp"
 #include "distkit/mpi.hpp"
 #include "distkit/parallel.hpp"
+#include "inbox.hpp"
 #include "node_shm.hpp"
 #include "profile.hpp"
 #include "replicas.hpp"
@@ -162,6 +163,7 @@ class Engine {
         sync_every_(sync_every < 1 ? 1 : sync_every),
         sh_(lengths, uniform_len, num_keys, size_, dtype_, rule),
         sendq_(comm_),
+        inbox_(size_),
         reuse_(lookahead) {
     int provided = 0;
     MPI_Query_thread(&provided);
@@ -437,6 +439,7 @@ class Engine {
   Requests reqs_;
   Profiler prof_;
   SendQueue sendq_;
+  Inbox inbox_;
   Meta* meta_ = nullptr;       // this rank's records (dir_'s; in its shared segment when shared)
   std::vector<Meta*> pmeta_;   // node-local peers' records (nullptr: not shared)
   std::atomic<int64_t> n_local_{0}, n_shared_{0}, n_remote_{0};  // keys served, per path
@@ -679,17 +682,24 @@ inline void Engine::wait_sync() {
   wait(submit(std::move(c), 1, -1));
 }
 
-/// A barrier on the collective communicator that does not spin hard.
+/// A barrier on the collective communicator that does not spin hard: a rank
+/// that arrives early sleeps between tests, longer the longer it waits (each
+/// test runs MPI's progress loop, which on a busy node takes the CPU from the
+/// ranks still working).
 inline void Engine::barrier() {
   MPI_Request r;
   distkit::mpi::check(MPI_Ibarrier(coll_, &r), "MPI_Ibarrier");
   int flag = 0;
   int spins = 0;
+  long sleep_us = 50;
   while (true) {
     distkit::mpi::check(MPI_Test(&r, &flag, MPI_STATUS_IGNORE), "MPI_Test");
     if (flag) break;
     reqs_.check_failed();
-    if (++spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (++spins > 10) {
+      std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+      sleep_us = std::min(sleep_us * 2, 1000L);
+    }
   }
 }
 

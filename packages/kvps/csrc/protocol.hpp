@@ -15,10 +15,9 @@ namespace kvps {
 inline void Engine::loop() {
   prof_.start_thread();
   int idle = 0;
-  std::vector<char> rbuf;
   Doorbell* bell = shm_.bell();
   try {
-    while (running_.load() || !sendq_.empty()) {
+    while (running_.load() || !sendq_.empty() || inbox_.pending()) {
       bool did = false;
       if (has_cmds_.load()) {
         std::deque<Cmd> cmds;
@@ -34,23 +33,28 @@ inline void Engine::loop() {
           did = true;
         }
       }
+      // receive what has arrived without blocking (inbox.hpp), then handle what is complete
       for (int i = 0; i < 64; ++i) {
         int flag = 0;
+        MPI_Message msg = MPI_MESSAGE_NULL;
         MPI_Status st;
-        distkit::mpi::check(MPI_Iprobe(MPI_ANY_SOURCE, kTag, comm_, &flag, &st), "MPI_Iprobe");
+        distkit::mpi::check(MPI_Improbe(MPI_ANY_SOURCE, kTag, comm_, &flag, &msg, &st), "MPI_Improbe");
         if (!flag) break;
         int count = 0;
         MPI_Get_count(&st, MPI_BYTE, &count);
-        rbuf.resize(static_cast<size_t>(count));
-        distkit::mpi::check(MPI_Recv(rbuf.data(), count, MPI_BYTE, st.MPI_SOURCE, kTag, comm_, MPI_STATUS_IGNORE),
-                            "MPI_Recv");
+        inbox_.receive(msg, st.MPI_SOURCE, count);
         // a large (rendezvous) send completes at its sender only once the
         // sender polls again: wake it
         if (count > 4096 && st.MPI_SOURCE != rank_)
           if (Doorbell* b = shm_.bell_of(st.MPI_SOURCE)) ring(b);
+      }
+      for (int i = 0; i < 64; ++i) {
+        Inbox::Message* m = inbox_.next();
+        if (!m) break;
         const auto t0 = prof_.begin();
-        handle_msg(st.MPI_SOURCE, rbuf.data());
-        prof_.record(view(rbuf.data()).h.type, t0, count);
+        handle_msg(m->src, m->buf.data());
+        prof_.record(view(m->buf.data()).h.type, t0, static_cast<int64_t>(m->buf.size()));
+        inbox_.done(m);
         did = true;
       }
       sendq_.test();
@@ -64,7 +68,7 @@ inline void Engine::loop() {
         // is gone never completes a large send)
         if (drain_start_.time_since_epoch().count() == 0) drain_start_ = std::chrono::steady_clock::now();
         if (std::chrono::steady_clock::now() - drain_start_ > std::chrono::seconds(reqs_.failed() ? 1 : 10)) break;
-        if (!sendq_.empty()) futex_wait(&bell->seq, bell->seq.load(), 50);
+        if (!sendq_.empty() || inbox_.pending()) futex_wait(&bell->seq, bell->seq.load(), 50);
         continue;
       }
       if (++idle < 8) continue;  // a short spin catches replies in flight
@@ -76,7 +80,8 @@ inline void Engine::loop() {
       int flag = 0;
       distkit::mpi::check(MPI_Iprobe(MPI_ANY_SOURCE, kTag, comm_, &flag, MPI_STATUS_IGNORE), "MPI_Iprobe");
       if (!flag && !has_cmds_.load() && running_.load()) {
-        futex_wait(&bell->seq, seq, sendq_.empty() ? shm_.idle_timeout_us() : 50);
+        // (pending sends and receives progress only while this thread calls MPI)
+        futex_wait(&bell->seq, seq, sendq_.empty() && !inbox_.pending() ? shm_.idle_timeout_us() : 50);
       }
       bell->sleeping.store(0, std::memory_order_seq_cst);
       idle = 0;

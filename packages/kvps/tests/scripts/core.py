@@ -239,6 +239,21 @@ def scenario(TECH: str, TOTAL: int, SHM: bool) -> None:
     with pytest.raises(TypeError, match="float64"):
         w64.push(k64, np.zeros(3 * len(k64), dtype=np.float32))
     s64.shutdown()
+    # messages from one rank are applied in the order sent, also when a large one (received by
+    # rendezvous, in pieces) comes before a small one: an asynchronous set of many rows (>64 KiB),
+    # then an asynchronous push to the first of them, all keys homed on the next rank
+    if size > 1:
+        so = kvps.Server(64, shared_memory=False)
+        wo = kvps.Worker(0, so)
+        ko = np.arange((rank + 1) % size, NK, size, dtype=np.int64)
+        wo.set(ko, np.full(64 * len(ko), 2.0, dtype=np.float32), True)
+        wo.push(ko[:1], np.full(64, 1.0, dtype=np.float32), True)
+        wo.waitall()
+        so.barrier()
+        oo = np.zeros(64 * len(ko), dtype=np.float32)
+        wo.pull(ko, oo)
+        assert (oo[:64] == 3.0).all() and (oo[64:] == 2.0).all(), (oo[:2], oo[64:66])
+        so.shutdown()
     if rank == 0:
         print(f"core ok: technique={TECH} ranks={size} shm={SHM} key_pushes={int(expected.sum())} served={st}")
 
