@@ -5,9 +5,10 @@
 // a node with more threads than cores that spinning takes the CPU the sender's
 // progress thread needs: four ranks on two cores stalled for seconds at a time,
 // every core busy, until the scheduler happened to run the right thread. So the
-// progress thread receives every matched message into a buffer of its own
-// (MPI_Imrecv), goes on working and sleeping, and hands a message out once it
-// is complete. The protocol relies on messages from one source being handled
+// progress thread receives every matched large message into a buffer of its
+// own (MPI_Imrecv), goes on working and sleeping, and hands it out once it is
+// complete. (A small message is all there once matched: the engine receives
+// and handles it at once, unless an earlier one of its source waits here.) The protocol relies on messages from one source being handled
 // in the order they were sent, so a message waits behind every earlier one of
 // its source.
 #pragma once
@@ -82,6 +83,8 @@ class Inbox {
 
   /// Messages received but not yet handed out and handled.
   size_t pending() const { return pending_; }
+  /// Whether a message of `src` waits here (a later one must queue behind it).
+  bool waiting(int src) const { return !queues_[static_cast<size_t>(src)].empty(); }
 
  private:
   std::vector<char> take_buffer(size_t bytes) {

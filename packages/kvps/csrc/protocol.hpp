@@ -15,6 +15,7 @@ namespace kvps {
 inline void Engine::loop() {
   prof_.start_thread();
   int idle = 0;
+  std::vector<char> rbuf;  // (small messages, received and handled at once)
   Doorbell* bell = shm_.bell();
   try {
     while (running_.load() || !sendq_.empty() || inbox_.pending()) {
@@ -42,10 +43,20 @@ inline void Engine::loop() {
         if (!flag) break;
         int count = 0;
         MPI_Get_count(&st, MPI_BYTE, &count);
+        if (count <= kEagerBytes && !inbox_.waiting(st.MPI_SOURCE)) {
+          // sent eagerly: complete once matched, handled at once
+          rbuf.resize(static_cast<size_t>(count));
+          distkit::mpi::check(MPI_Mrecv(rbuf.data(), count, MPI_BYTE, &msg, MPI_STATUS_IGNORE), "MPI_Mrecv");
+          const auto t0 = prof_.begin();
+          handle_msg(st.MPI_SOURCE, rbuf.data());
+          prof_.record(view(rbuf.data()).h.type, t0, count);
+          did = true;
+          continue;
+        }
         inbox_.receive(msg, st.MPI_SOURCE, count);
         // a large (rendezvous) send completes at its sender only once the
         // sender polls again: wake it
-        if (count > 4096 && st.MPI_SOURCE != rank_)
+        if (count > kEagerBytes && st.MPI_SOURCE != rank_)
           if (Doorbell* b = shm_.bell_of(st.MPI_SOURCE)) ring(b);
       }
       for (int i = 0; i < 64; ++i) {
