@@ -43,7 +43,6 @@ class Inbox {
     auto& q = queues_[static_cast<size_t>(src)];
     if (q.empty()) active_.push_back(src);
     q.push_back(std::move(m));
-    ++pending_;
   }
 
   /// The oldest complete message of some source whose earlier messages were all
@@ -68,7 +67,6 @@ class Inbox {
     auto& q = queues_[static_cast<size_t>(src)];
     spare_.push_back(std::move(q.front().buf));
     q.pop_front();
-    --pending_;
     if (q.empty()) {
       for (size_t i = 0; i < active_.size(); ++i) {
         if (active_[i] != src) continue;
@@ -81,8 +79,8 @@ class Inbox {
     if (start_ >= active_.size()) start_ = 0;
   }
 
-  /// Messages received but not yet handed out and handled.
-  size_t pending() const { return pending_; }
+  /// Whether messages were received but not yet handed out and handled.
+  bool pending() const { return !active_.empty(); }
   /// Whether a message of `src` waits here (a later one must queue behind it).
   bool waiting(int src) const { return !queues_[static_cast<size_t>(src)].empty(); }
 
@@ -104,7 +102,6 @@ class Inbox {
   std::vector<std::deque<Message>> queues_;  // per source, in arrival order
   std::vector<int> active_;                  // sources with messages in their queue
   size_t start_ = 0;
-  size_t pending_ = 0;
   std::vector<std::vector<char>> spare_;
 };
 

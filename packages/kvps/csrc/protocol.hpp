@@ -17,8 +17,15 @@ inline void Engine::loop() {
   int idle = 0;
   std::vector<char> rbuf;  // (small messages, received and handled at once)
   Doorbell* bell = shm_.bell();
+  auto handle = [this](int src, const char* buf, int64_t bytes) {
+    const auto t0 = prof_.begin();
+    handle_msg(src, buf);
+    prof_.record(view(buf).h.type, t0, bytes);
+  };
+  // sends and large receives in flight progress only while this thread calls MPI
+  auto in_flight = [this] { return !sendq_.empty() || inbox_.pending(); };
   try {
-    while (running_.load() || !sendq_.empty() || inbox_.pending()) {
+    while (running_.load() || in_flight()) {
       bool did = false;
       if (has_cmds_.load()) {
         std::deque<Cmd> cmds;
@@ -47,9 +54,7 @@ inline void Engine::loop() {
           // sent eagerly: complete once matched, handled at once
           rbuf.resize(static_cast<size_t>(count));
           distkit::mpi::check(MPI_Mrecv(rbuf.data(), count, MPI_BYTE, &msg, MPI_STATUS_IGNORE), "MPI_Mrecv");
-          const auto t0 = prof_.begin();
-          handle_msg(st.MPI_SOURCE, rbuf.data());
-          prof_.record(view(rbuf.data()).h.type, t0, count);
+          handle(st.MPI_SOURCE, rbuf.data(), count);
           did = true;
           continue;
         }
@@ -62,9 +67,7 @@ inline void Engine::loop() {
       for (int i = 0; i < 64; ++i) {
         Inbox::Message* m = inbox_.next();
         if (!m) break;
-        const auto t0 = prof_.begin();
-        handle_msg(m->src, m->buf.data());
-        prof_.record(view(m->buf.data()).h.type, t0, static_cast<int64_t>(m->buf.size()));
+        handle(m->src, m->buf.data(), static_cast<int64_t>(m->buf.size()));
         inbox_.done(m);
         did = true;
       }
@@ -79,7 +82,7 @@ inline void Engine::loop() {
         // is gone never completes a large send)
         if (drain_start_.time_since_epoch().count() == 0) drain_start_ = std::chrono::steady_clock::now();
         if (std::chrono::steady_clock::now() - drain_start_ > std::chrono::seconds(reqs_.failed() ? 1 : 10)) break;
-        if (!sendq_.empty() || inbox_.pending()) futex_wait(&bell->seq, bell->seq.load(), 50);
+        if (in_flight()) futex_wait(&bell->seq, bell->seq.load(), 50);
         continue;
       }
       if (++idle < 8) continue;  // a short spin catches replies in flight
@@ -91,8 +94,7 @@ inline void Engine::loop() {
       int flag = 0;
       distkit::mpi::check(MPI_Iprobe(MPI_ANY_SOURCE, kTag, comm_, &flag, MPI_STATUS_IGNORE), "MPI_Iprobe");
       if (!flag && !has_cmds_.load() && running_.load()) {
-        // (pending sends and receives progress only while this thread calls MPI)
-        futex_wait(&bell->seq, seq, sendq_.empty() && !inbox_.pending() ? shm_.idle_timeout_us() : 50);
+        futex_wait(&bell->seq, seq, in_flight() ? 50 : shm_.idle_timeout_us());
       }
       bell->sleeping.store(0, std::memory_order_seq_cst);
       idle = 0;

@@ -20,12 +20,12 @@
 
 namespace kvps {
 
-/// Every message type has one meaning. Worker operations use the first three
-/// codes as their op codes too (exported to Python as PULL / PUSH / SET).
 /// Messages up to this size are sent eagerly by every Open MPI transport here
 /// (shared memory: 4 KiB): a receive of one completes as soon as it is matched.
 constexpr int kEagerBytes = 4096;
 
+/// Every message type has one meaning. Worker operations use the first three
+/// codes as their op codes too (exported to Python as PULL / PUSH / SET).
 enum MsgType : int32_t {
   M_PULL = 1,      // read keys; pos = position in the origin's request
   M_PUSH,          // apply the server's update rule (add, or an optimizer step) with the values

@@ -13,7 +13,6 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -68,10 +67,16 @@ inline AllreduceConfig& allreduce_config() {
   return cfg;
 }
 
-/// Collective: whether every rank of `c` shares one node's memory.
-inline bool comm_is_shared(MPI_Comm c) {
+/// Collective: the ranks of `c` that share this rank's node (the caller frees it).
+inline MPI_Comm node_comm(MPI_Comm c) {
   MPI_Comm node = MPI_COMM_NULL;
   dm::check(MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  return node;
+}
+
+/// Collective: whether every rank of `c` shares one node's memory.
+inline bool comm_is_shared(MPI_Comm c) {
+  MPI_Comm node = node_comm(c);
   int mine = comm_size(node) == comm_size(c) ? 1 : 0, all = 0;
   MPI_Comm_free(&node);
   dm::check(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, c), "MPI_Allreduce");
@@ -127,8 +132,7 @@ inline CommPlan& comm_plan(MPI_Comm c) {
 inline MPI_Comm ring_comm(CommPlan& plan, MPI_Comm c) {
   if (plan.ring != MPI_COMM_NULL) return plan.ring;
   const int me = comm_rank(c);
-  MPI_Comm node = MPI_COMM_NULL;
-  dm::check(MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  MPI_Comm node = node_comm(c);
   int host = me;
   const int rc = MPI_Allreduce(&me, &host, 1, MPI_INT, MPI_MIN, node);
   MPI_Comm_free(&node);
@@ -211,17 +215,14 @@ class RingRequests {
 /// once, in one order. (Which operand of a reduction is the received one
 /// differs between in place and not, as MPI leaves it open for its
 /// commutative ops; it shows only in the sign of a zero from MAX/MIN of -0 and
-/// +0, or in which NaN survives.) send == recv: in place.
+/// +0, or in which NaN survives.) send == recv: in place. At least 2 ranks
+/// (allreduce_path keeps single-rank communicators on MPI_Allreduce).
 inline void ring_allreduce(MPI_Comm pc, int tag, const void* send, void* recv, const Reduction& r) {
   const int p = comm_size(pc), me = comm_rank(pc);
   const bool inplace = send == recv;
   char* out = static_cast<char*>(recv);
   const char* in = static_cast<const char*>(send);
   const int64_t ib = r.item_bytes;
-  if (p == 1) {
-    if (!inplace) std::memcpy(out, in, static_cast<size_t>(r.items * ib));
-    return;
-  }
   const int right = (me + 1) % p, left = (me + p - 1) % p;
   const int64_t base = r.items / p, extra = r.items % p;
   auto first = [&](int b) { return b * base + std::min<int64_t>(b, extra); };  // in items
