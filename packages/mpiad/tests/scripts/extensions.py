@@ -3,10 +3,12 @@ bad input (raised before any communication), debug mode."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import mpi4py.MPI as MPI
+import pytest
 import torch
 
 import mpiad
@@ -213,6 +215,10 @@ for i in range(40):
     sub_mpi.Free()
 _algo.configure()
 assert _algo.ring_bytes() == mpiad._mpiad.RING_BYTES and _algo.large_bytes() == _algo.DEFAULT_LARGE_BYTES
+os.environ["MPIAD_RING_BYTES"] = "256k"  # not a number of bytes
+with pytest.raises(ValueError, match="MPIAD_RING_BYTES"):
+    _algo.configure()
+del os.environ["MPIAD_RING_BYTES"]
 for bad in ({"mode": "rings"}, {"ring_bytes": -1}, {"large_bytes": -5}):
     try:
         _algo.configure(**bad)
