@@ -77,6 +77,7 @@ struct Cmd {
 };
 
 /// An operation on a key that is on its way here, replayed when it arrives.
+/// (type M_RELOC_NOTICE: a marker, the key comes back here after the transfer before it)
 struct PendingOp {
   int32_t type;
   int32_t origin;
@@ -370,6 +371,7 @@ class Engine {
   void handover(int64_t k, const char* v, uint32_t ver, Outbox& ob);
   void start_localize(const std::vector<int64_t>& keys, int64_t ts, Outbox& ob);
   void mark_incoming(const int64_t* keys, int64_t n);
+  void queue_return(int64_t k);
   void relocate(int64_t k, int r, Outbox& ob);
   void grant_replica(int64_t k, int q, Outbox& ob);
   void do_reset();

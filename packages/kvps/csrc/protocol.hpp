@@ -526,7 +526,13 @@ inline void Engine::handover(int64_t k, const char* v, uint32_t ver, Outbox& ob)
   if (p != pending_.end()) {
     auto ops = std::move(p->second);
     pending_.erase(p);
-    for (auto& op : ops) serve(op.type, op.origin, op.ts, op.pos, k, op.val.empty() ? nullptr : op.val.data(), ob);
+    for (auto& op : ops) {
+      if (op.type == M_RELOC_NOTICE) {
+        mark_incoming(&k, 1);  // back here after the transfer before it: the ops after it wait again
+      } else {
+        serve(op.type, op.origin, op.ts, op.pos, k, op.val.empty() ? nullptr : op.val.data(), ob);
+      }
+    }
   }
 }
 
@@ -558,6 +564,24 @@ inline void Engine::start_localize(const std::vector<int64_t>& keys, int64_t ts,
   if (already) reqs_.complete(ts, already);
 }
 
+/// Key k is on its way here and the home moved it here once more: if a
+/// transfer away is queued for its arrival, it leaves again then and comes
+/// back after that. A marker right after that transfer re-marks it incoming
+/// at that point of the replay (see handover), so the operations queued after
+/// it wait for its return instead of being forwarded to this rank itself.
+inline void Engine::queue_return(int64_t k) {
+  if (pending_.empty()) return;
+  auto p = pending_.find(k);
+  if (p == pending_.end()) return;
+  auto& ops = p->second;
+  for (size_t i = ops.size(); i-- > 0;) {
+    if (ops[i].type == M_TRANSFER) {
+      ops.insert(ops.begin() + static_cast<std::ptrdiff_t>(i) + 1, PendingOp{M_RELOC_NOTICE, rank_, 0, 0, {}});
+      return;
+    }
+  }
+}
+
 /// The home moved these keys to this rank; their handover is on the way
 /// (or already here: then the key is OWNED and nothing is to do).
 inline void Engine::mark_incoming(const int64_t* keys, int64_t n) {
@@ -573,6 +597,8 @@ inline void Engine::mark_incoming(const int64_t* keys, int64_t n) {
     } else if (m.state == REPLICA && !(m.flags & F_INCOMING)) {
       m.flags |= F_INCOMING;  // keeps serving locally until the value arrives
       inc.push_back(k);
+    } else if (m.state != OWNED) {
+      queue_return(k);  // on its way here already
     }
     m.lock.unlock();
   }

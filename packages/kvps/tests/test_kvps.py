@@ -155,6 +155,14 @@ def test_intent_cost_model() -> None:
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize(("nprocs", "mode"), [(2, "msg"), (3, "msg"), (3, "shm"), (4, "msg")])
+def test_keys_relocated_faster_than_they_travel(nprocs: int, mode: str) -> None:
+    """Keys relocated back to a rank while their value is still on its way there and ordered on: no loop, sums exact."""
+    res = run_mpi(str(SCRIPTS / "relocation_chaos.py"), nprocs, args=(mode,), timeout=120)
+    assert f"relocation chaos ok: ranks={nprocs} shm={mode == 'shm'}" in res.stdout, res.stdout
+
+
+@pytest.mark.mpi
 def test_intent_rounds_with_a_long_lookahead() -> None:
     """lookahead 8: intents grouped in rounds every 2 clocks still arrive before use; late ones at once; sums exact."""
     res = run_mpi(str(SCRIPTS / "intent_rounds.py"), 2, timeout=120)

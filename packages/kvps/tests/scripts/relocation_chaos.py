@@ -1,0 +1,68 @@
+"""Keys moved back and forth faster than their values travel (run under mpiexec -n 2..4).
+
+Few keys, two worker threads per rank, every worker intending a random few
+of them for the next clock only, then pushing and pulling them at once. The
+homes relocate each key again and again, often back to a rank (the home
+itself included) while its value is still on the way there and already
+ordered on to another rank. Checks:
+  * no operation is forwarded in a loop and none is lost: the engine never
+    fails and every push counts exactly once;
+  * the same for shared memory between co-located ranks (argument ``shm``)
+    and for every message (``msg``).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import sys
+import threading
+
+import numpy as np
+from _settle import settle_and_check_sums
+from mpi4py import MPI
+
+import kvps
+
+faulthandler.dump_traceback_later(100)
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+NT, NK, PER_STEP, STEPS = 2, 12, 4, 400
+shared = sys.argv[1] == "shm"
+
+kvps.setup(NK, NT, "all")
+s = kvps.Server(1, shared_memory=shared)
+workers = [kvps.Worker(w, s) for w in range(NT)]
+pushed = np.zeros((NT, NK), dtype=np.int64)
+errors: list[BaseException] = []
+
+
+def body(t: int) -> None:
+    try:
+        kv = workers[t]
+        rng = np.random.default_rng(100 * rank + t)
+        kv.barrier()
+        for _ in range(STEPS):
+            ks = np.unique(rng.integers(0, NK, size=PER_STEP)).astype(np.int64)
+            kv.intent(ks, kv.current_clock() + 1)
+            kv.push(ks, np.ones(len(ks), dtype=np.float32), True)
+            kv.pull(ks, np.zeros(len(ks), dtype=np.float32), True)
+            pushed[t, ks] += 1
+            kv.advance_clock()
+        kv.waitall()
+        kv.barrier()
+    except BaseException as e:  # re-raised in the main thread
+        errors.append(e)
+
+
+threads = [threading.Thread(target=body, args=(t,)) for t in range(NT)]
+for th in threads:
+    th.start()
+for th in threads:
+    th.join()
+if errors:
+    raise errors[0]
+settle_and_check_sums(workers[0], s, comm, pushed.sum(axis=0), 1, clocks=4)
+s.barrier()
+s.shutdown()
+if rank == 0:
+    print(f"relocation chaos ok: ranks={size} shm={shared}")
