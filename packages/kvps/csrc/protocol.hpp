@@ -391,13 +391,9 @@ inline void Engine::on_localize(const MsgView& m, Outbox& ob) {
     // already on its way to the requester (an intent relocated it): its
     // handover completes the requester's wait
     if (meta_[k].owner == m.h.origin) continue;
-    const int prev = meta_[k].owner;
-    meta_[k].owner = m.h.origin;
-    if (prev == rank_) {
-      serve(M_TRANSFER, m.h.origin, 0, m.h.origin, k, nullptr, ob);
-    } else {
-      ob.to(prev, M_TRANSFER, rank_, 0).put(k, m.h.origin, nullptr, 0);
-    }
+    // With a notice, as an intent's move: since the request was sent, the key
+    // may have reached the requester and been ordered away from it again.
+    relocate(k, m.h.origin, ob);
   }
 }
 

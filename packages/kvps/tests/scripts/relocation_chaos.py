@@ -1,12 +1,13 @@
 """Keys moved back and forth faster than their values travel (run under mpiexec -n 2..4).
 
 Few keys, two worker threads per rank, every worker intending a random few
-of them for the next clock only, then pushing and pulling them at once. The
-homes relocate each key again and again, often back to a rank (the home
+of them from the next clock on (one worker for one clock, the other for 1-3),
+then pushing and pulling them at once; now and then a worker localizes one.
+The homes relocate each key again and again, often back to a rank (the home
 itself included) while its value is still on the way there and already
 ordered on to another rank. Checks:
-  * no operation is forwarded in a loop and none is lost: the engine never
-    fails and every push counts exactly once;
+  * no operation is forwarded in a loop, no transfer reaches a rank the key
+    is not on its way to, and every push counts exactly once;
   * the same for shared memory between co-located ranks (argument ``shm``)
     and for every message (``msg``).
 """
@@ -41,9 +42,13 @@ def body(t: int) -> None:
         kv = workers[t]
         rng = np.random.default_rng(100 * rank + t)
         kv.barrier()
-        for _ in range(STEPS):
+        for step in range(STEPS):
             ks = np.unique(rng.integers(0, NK, size=PER_STEP)).astype(np.int64)
-            kv.intent(ks, kv.current_clock() + 1)
+            if step % 5 == t:  # now and then a localize of one of them, racing the intents
+                kv.localize(ks[:1], True)
+            # worker 0: windows of one clock (moves); worker 1: of 1-3 clocks (replicas too)
+            start = kv.current_clock() + 1
+            kv.intent(ks, start, start + (1 if t == 0 else int(rng.integers(1, 4))))
             kv.push(ks, np.ones(len(ks), dtype=np.float32), True)
             kv.pull(ks, np.zeros(len(ks), dtype=np.float32), True)
             pushed[t, ks] += 1
