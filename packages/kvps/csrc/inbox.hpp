@@ -8,9 +8,9 @@
 // progress thread receives every matched large message into a buffer of its
 // own (MPI_Imrecv), goes on working and sleeping, and hands it out once it is
 // complete. (A small message is all there once matched: the engine receives
-// and handles it at once, unless an earlier one of its source waits here.) The protocol relies on messages from one source being handled
-// in the order they were sent, so a message waits behind every earlier one of
-// its source.
+// and handles it at once, unless an earlier one of its source waits here.)
+// The protocol relies on messages from one source being handled in the order
+// they were sent, so a message waits behind every earlier one of its source.
 #pragma once
 
 #include <mpi.h>
@@ -33,6 +33,20 @@ class Inbox {
   };
 
   explicit Inbox(int size = 0) : queues_(static_cast<size_t>(size)) {}
+  Inbox(const Inbox&) = delete;
+  Inbox& operator=(const Inbox&) = delete;
+
+  /// A receive still in flight here (the engine stopped on an error, or a
+  /// peer died mid-send) may still be written into by MPI, and a matched
+  /// receive cannot be cancelled: its buffer is left allocated, not freed
+  /// under MPI.
+  ~Inbox() {
+    for (auto& q : queues_) {
+      for (auto& m : q) {
+        if (m.req != MPI_REQUEST_NULL) static_cast<void>(new std::vector<char>(std::move(m.buf)));
+      }
+    }
+  }
 
   /// Receive the message MPI_Improbe matched (`count` bytes from `src`).
   void receive(MPI_Message& msg, int src, int count) {
