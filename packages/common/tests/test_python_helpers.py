@@ -132,6 +132,22 @@ def test_run_mpi_fails_on_nonzero_exit() -> None:
 
 
 @pytest.mark.mpi
+def test_failure_report_keeps_the_first_traceback_of_a_long_output() -> None:
+    """A long stderr is cut to its end plus its first traceback (the root cause among many ranks)."""
+    short = "Traceback (most recent call last):\nValueError: x\n"
+    assert testing._tail(short) == short
+    cause = "[rank2]: Traceback (most recent call last):\n[rank2]: ValueError: the cause\n"
+    noise = "".join(f"[rank{r}]: RuntimeError: Connection closed by peer\n" for r in range(1000))
+    out = testing._tail("launcher says hello\n" + cause + noise, 6000)
+    assert len(out) < 6100
+    assert out.startswith("... (the first traceback)\n[rank2]: Traceback") and "ValueError: the cause" in out
+    assert out.endswith("[rank999]: RuntimeError: Connection closed by peer\n")
+    # no traceback, or only within the end: just the end
+    assert testing._tail(noise, 6000) == "...\n" + noise[-6000:]
+    late = noise + cause
+    assert testing._tail(late, 6000) == "...\n" + late[-6000:]
+
+
 def test_run_mpi_kills_a_hung_job_and_reaps_it() -> None:
     t0 = time.monotonic()
     with pytest.raises(AssertionError, match="timed out after 5s") as err:

@@ -209,8 +209,19 @@ def _kill_group(pgid: int) -> None:
 
 
 def _tail(s: str | None, n: int = 6000) -> str:
+    """At most about ``n`` characters of a job's output for a failure report: its end, and when
+    the first traceback lies before that, the first traceback too. In a job of many ranks the
+    first error is usually the cause and the last ones its consequences on the peers (a peer's
+    "connection closed"), which would otherwise be all that is shown."""
     s = s or ""
-    return s if len(s) <= n else "...\n" + s[-n:]
+    if len(s) <= n:
+        return s
+    first = s.find("Traceback (most recent call last)")
+    if first < 0 or first >= len(s) - n:
+        return "...\n" + s[-n:]
+    start = s.rfind("\n", 0, first) + 1  # from the start of its line (a launcher's "[rank2]: " prefix)
+    half = n // 2
+    return f"... (the first traceback)\n{s[start : start + half]}\n... (the end)\n{s[-half:]}"
 
 
 def run_mpi(
