@@ -77,7 +77,6 @@ struct Cmd {
 };
 
 /// An operation on a key that is on its way here, replayed when it arrives.
-/// (type M_RELOC_NOTICE: a marker, the key comes back here after the transfer before it)
 struct PendingOp {
   int32_t type;
   int32_t origin;
@@ -85,6 +84,10 @@ struct PendingOp {
   int64_t pos;
   std::vector<char> val;
 };
+
+/// A PendingOp type that is no message: the key comes back here after the
+/// transfer queued before it (protocol.hpp, queue_return).
+constexpr int32_t kReturnMarker = -1;
 
 struct IntentEntry {
   int64_t start, end;

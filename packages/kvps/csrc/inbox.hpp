@@ -39,7 +39,7 @@ class Inbox {
   /// A receive still in flight here (the engine stopped on an error, or a
   /// peer died mid-send) may still be written into by MPI, and a matched
   /// receive cannot be cancelled: its buffer is left allocated, not freed
-  /// under MPI.
+  /// under MPI. (A leak checker reports it: deliberately, on that path only.)
   ~Inbox() {
     for (auto& q : queues_) {
       for (auto& m : q) {

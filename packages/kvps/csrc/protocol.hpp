@@ -388,8 +388,8 @@ inline void Engine::on_rcheck_resp(int src, const MsgView& m) {
 inline void Engine::on_localize(const MsgView& m, Outbox& ob) {
   for (int64_t i = 0; i < m.h.n; ++i) {
     const int64_t k = m.keys[i];
-    // already on its way to the requester (an intent relocated it): its
-    // handover completes the requester's wait
+    // already on its way to the requester (moved there by an intent or an
+    // earlier localize): its handover completes the requester's wait
     if (meta_[k].owner == m.h.origin) continue;
     // With a notice, as an intent's move: since the request was sent, the key
     // may have reached the requester and been ordered away from it again.
@@ -523,7 +523,7 @@ inline void Engine::handover(int64_t k, const char* v, uint32_t ver, Outbox& ob)
     auto ops = std::move(p->second);
     pending_.erase(p);
     for (auto& op : ops) {
-      if (op.type == M_RELOC_NOTICE) {
+      if (op.type == kReturnMarker) {
         mark_incoming(&k, 1);  // back here after the transfer before it: the ops after it wait again
       } else {
         serve(op.type, op.origin, op.ts, op.pos, k, op.val.empty() ? nullptr : op.val.data(), ob);
@@ -560,11 +560,12 @@ inline void Engine::start_localize(const std::vector<int64_t>& keys, int64_t ts,
   if (already) reqs_.complete(ts, already);
 }
 
-/// Key k is on its way here and the home moved it here once more: if a
-/// transfer away is queued for its arrival, it leaves again then and comes
-/// back after that. A marker right after that transfer re-marks it incoming
-/// at that point of the replay (see handover), so the operations queued after
-/// it wait for its return instead of being forwarded to this rank itself.
+/// The home moved key k here while it is on its way here already. If a
+/// transfer away is queued for its arrival, this move is a later one: the key
+/// leaves again on arrival and comes back after that. A marker right after
+/// that transfer re-marks it incoming at that point of the replay (see
+/// handover), so the operations queued after it wait for its return instead
+/// of being forwarded to this rank itself. (No transfer queued: nothing to do.)
 inline void Engine::queue_return(int64_t k) {
   if (pending_.empty()) return;
   auto p = pending_.find(k);
@@ -572,20 +573,22 @@ inline void Engine::queue_return(int64_t k) {
   auto& ops = p->second;
   for (size_t i = ops.size(); i-- > 0;) {
     if (ops[i].type == M_TRANSFER) {
-      ops.insert(ops.begin() + static_cast<std::ptrdiff_t>(i) + 1, PendingOp{M_RELOC_NOTICE, rank_, 0, 0, {}});
+      ops.insert(ops.begin() + static_cast<std::ptrdiff_t>(i) + 1, PendingOp{kReturnMarker, rank_, 0, 0, {}});
       return;
     }
   }
 }
 
 /// The home moved these keys to this rank; their handover is on the way
-/// (or already here: then the key is OWNED and nothing is to do).
+/// (or already here: then the key is OWNED and nothing is to do). A key on
+/// its way here already may be moved here once more (queue_return).
 inline void Engine::mark_incoming(const int64_t* keys, int64_t n) {
   std::vector<int64_t> inc;
   for (int64_t i = 0; i < n; ++i) {
     ahead(keys, n, i, false);
     const int64_t k = keys[i];
     Meta& m = meta_[k];
+    bool again = false;  // on its way here already
     m.lock.lock();
     if (m.state == NOT_HERE) {
       m.state = INCOMING;
@@ -593,10 +596,12 @@ inline void Engine::mark_incoming(const int64_t* keys, int64_t n) {
     } else if (m.state == REPLICA && !(m.flags & F_INCOMING)) {
       m.flags |= F_INCOMING;  // keeps serving locally until the value arrives
       inc.push_back(k);
-    } else if (m.state != OWNED) {
-      queue_return(k);  // on its way here already
+    } else {
+      again = m.state != OWNED;
     }
     m.lock.unlock();
+    // (after the unlock: pending_ is this thread's own, and peers spin on the key's lock)
+    if (again) queue_return(k);
   }
   // wait_sync waits until every noticed key arrived (a counter, no per-key request)
   for (int64_t k : inc) {

@@ -147,6 +147,17 @@ class Outbox {
 class SendQueue {
  public:
   explicit SendQueue(MPI_Comm comm = MPI_COMM_NULL) : comm_(comm) {}
+  SendQueue(const SendQueue&) = delete;
+  SendQueue& operator=(const SendQueue&) = delete;
+
+  /// A send still in flight when the engine stops (on an error, or a peer
+  /// gone) may still be read by MPI, or by the peer itself through single-copy
+  /// shared memory: its buffer is left allocated, not freed under them.
+  ~SendQueue() {
+    for (size_t i = 0; i < reqs_.size(); ++i) {
+      if (reqs_[i] != MPI_REQUEST_NULL) static_cast<void>(bufs_[i].release());
+    }
+  }
 
   void send(int dest, int32_t type, int32_t origin, int64_t ts, const Builder& b) {
     const int64_t n = static_cast<int64_t>(b.keys.size());

@@ -155,11 +155,20 @@ def test_intent_cost_model() -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize(("nprocs", "mode"), [(2, "msg"), (3, "msg"), (3, "shm"), (4, "msg")])
-def test_keys_relocated_faster_than_they_travel(nprocs: int, mode: str) -> None:
-    """Keys relocated back to a rank while their value is still on its way there and ordered on: no loop, sums exact."""
-    res = run_mpi(str(SCRIPTS / "relocation_chaos.py"), nprocs, args=(mode,), timeout=120)
-    assert f"relocation chaos ok: ranks={nprocs} shm={mode == 'shm'}" in res.stdout, res.stdout
+@pytest.mark.parametrize(
+    ("nprocs", "mode", "technique"),
+    [
+        (2, "msg", "all"),
+        (3, "msg", "all"),
+        (4, "msg", "relocation_only"),
+        (3, "msg", "replication_only"),
+        (4, "shm", "all"),
+    ],
+)
+def test_keys_relocated_faster_than_they_travel(nprocs: int, mode: str, technique: str) -> None:
+    """Keys moved back to a rank while their value is still on its way there and ordered on: no loop, sums exact."""
+    res = run_mpi(str(SCRIPTS / "relocation_chaos.py"), nprocs, args=(mode, technique), timeout=120)
+    assert f"relocation chaos ok: ranks={nprocs} shm={mode == 'shm'} technique={technique}" in res.stdout, res.stdout
 
 
 @pytest.mark.mpi

@@ -5,16 +5,20 @@ of them from the next clock on (one worker for one clock, the other for 1-3),
 then pushing and pulling them at once; now and then a worker localizes one.
 The homes relocate each key again and again, often back to a rank (the home
 itself included) while its value is still on the way there and already
-ordered on to another rank. Checks:
-  * no operation is forwarded in a loop, no transfer reaches a rank the key
-    is not on its way to, and every push counts exactly once;
-  * the same for shared memory between co-located ranks (argument ``shm``)
-    and for every message (``msg``).
+ordered on to another rank. Checks: no operation is forwarded in a loop, no
+transfer reaches a rank the key is not on its way to, and every push counts
+exactly once.
+
+Arguments: the mode, ``msg`` (every foreign key a message) or ``shm`` (4
+ranks acting as 2 nodes of 2, memory shared within a node: intents move keys
+between the nodes while co-located ranks use each other's keys in place), and
+the technique (``all``, ``relocation_only``, ``replication_only``).
 """
 
 from __future__ import annotations
 
 import faulthandler
+import os
 import sys
 import threading
 
@@ -28,9 +32,12 @@ faulthandler.dump_traceback_later(100)
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 NT, NK, PER_STEP, STEPS = 2, 12, 4, 400
-shared = sys.argv[1] == "shm"
+shared, technique = sys.argv[1] == "shm", sys.argv[2]
+if shared:  # (with every rank on one node, intents would move nothing: all keys are in reach)
+    assert size == 4
+    os.environ["KVPS_NODE_ID"] = str(rank // 2)  # read when the Server is created
 
-kvps.setup(NK, NT, "all")
+kvps.setup(NK, NT, technique)
 s = kvps.Server(1, shared_memory=shared)
 workers = [kvps.Worker(w, s) for w in range(NT)]
 pushed = np.zeros((NT, NK), dtype=np.int64)
@@ -70,4 +77,4 @@ settle_and_check_sums(workers[0], s, comm, pushed.sum(axis=0), 1, clocks=4)
 s.barrier()
 s.shutdown()
 if rank == 0:
-    print(f"relocation chaos ok: ranks={size} shm={shared}")
+    print(f"relocation chaos ok: ranks={size} shm={shared} technique={technique}")
