@@ -21,12 +21,11 @@ Each section mirrors one original file of alexrenz/AdaPM, scaled down:
 from __future__ import annotations
 
 import faulthandler
-import threading
-from collections.abc import Callable
 
 import numpy as np
 import pytest
 import torch
+from _threads import run_threads
 from mpi4py import MPI
 
 import kvps
@@ -36,24 +35,6 @@ faulthandler.dump_traceback_later(150)
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 NT = 2
-
-
-def run_threads(fn: Callable[[int], None]) -> None:
-    errors: list[BaseException] = []
-
-    def body(t: int) -> None:
-        try:
-            fn(t)
-        except BaseException as e:  # re-raised in the main thread
-            errors.append(e)
-
-    ths = [threading.Thread(target=body, args=(t,)) for t in range(NT)]
-    for th in ths:
-        th.start()
-    for th in ths:
-        th.join()
-    if errors:
-        raise errors[0]
 
 
 # ------------------------------------------------------------------ example.py
@@ -111,7 +92,7 @@ def example() -> None:
         kv.barrier()
         kv.finalize()
 
-    run_threads(body)
+    run_threads(body, NT)
     # every worker pushed 1 to each of its keys2 once: exact sums per key
     w0 = workers[0]
     cnt = np.zeros(num_keys)
@@ -180,7 +161,7 @@ def core_ports() -> None:
                 assert b[0] >= correct[0] and b[1] >= correct[1], (b, correct)
             kv.barrier()
 
-    run_threads(set_op)
+    run_threads(set_op, NT)
 
     # test_dynamic_allocation.cc: one key, pushes from all while all localize it
     RUNS2 = 1500
@@ -199,7 +180,7 @@ def core_ports() -> None:
         kv.waitall()
         kv.barrier()
 
-    run_threads(dyn)
+    run_threads(dyn, NT)
     out = np.zeros(2, dtype=np.float32)
     workers[0].pull(key9, out)
     n = nworkers * RUNS2
@@ -311,7 +292,7 @@ def core_ports() -> None:
         assert np.array_equal(before, after), np.nonzero(before != after)[0][:5]
         kv.barrier()
 
-    run_threads(many)
+    run_threads(many, NT)
     s.barrier()
     s.shutdown()
     if rank == 0:
@@ -389,7 +370,7 @@ def varlen_sampling() -> None:
                     assert ts == -1, "localized keys are not local"
             kv.barrier()
 
-        run_threads(spam)
+        run_threads(spam, NT)
         for k in keys:  # reset these keys to 0 for the next case
             if rank == 0:
                 cur = pull([k])
@@ -406,7 +387,7 @@ def varlen_sampling() -> None:
             workers[w].set(allk, init)
         workers[w].end_setup()
 
-    run_threads(setup_phase)
+    run_threads(setup_phase, NT)
     for scheme, repl, dist in [
         ("naive", True, "uniform"),
         ("preloc", False, "uniform"),

@@ -20,10 +20,10 @@ from __future__ import annotations
 import faulthandler
 import os
 import sys
-import threading
 
 import numpy as np
 from _settle import settle_and_check_sums
+from _threads import run_threads
 from mpi4py import MPI
 
 import kvps
@@ -41,38 +41,28 @@ kvps.setup(NK, NT, technique)
 s = kvps.Server(1, shared_memory=shared)
 workers = [kvps.Worker(w, s) for w in range(NT)]
 pushed = np.zeros((NT, NK), dtype=np.int64)
-errors: list[BaseException] = []
 
 
 def body(t: int) -> None:
-    try:
-        kv = workers[t]
-        rng = np.random.default_rng(100 * rank + t)
-        kv.barrier()
-        for step in range(STEPS):
-            ks = np.unique(rng.integers(0, NK, size=PER_STEP)).astype(np.int64)
-            if step % 5 == t:  # now and then a localize of one of them, racing the intents
-                kv.localize(ks[:1], True)
-            # worker 0: windows of one clock (moves); worker 1: of 1-3 clocks (replicas too)
-            start = kv.current_clock() + 1
-            kv.intent(ks, start, start + (1 if t == 0 else int(rng.integers(1, 4))))
-            kv.push(ks, np.ones(len(ks), dtype=np.float32), True)
-            kv.pull(ks, np.zeros(len(ks), dtype=np.float32), True)
-            pushed[t, ks] += 1
-            kv.advance_clock()
-        kv.waitall()
-        kv.barrier()
-    except BaseException as e:  # re-raised in the main thread
-        errors.append(e)
+    kv = workers[t]
+    rng = np.random.default_rng(100 * rank + t)
+    kv.barrier()
+    for step in range(STEPS):
+        ks = np.unique(rng.integers(0, NK, size=PER_STEP)).astype(np.int64)
+        if step % 5 == t:  # now and then a localize of one of them, racing the intents
+            kv.localize(ks[:1], True)
+        # worker 0: windows of one clock (moves); worker 1: of 1-3 clocks (replicas too)
+        start = kv.current_clock() + 1
+        kv.intent(ks, start, start + (1 if t == 0 else int(rng.integers(1, 4))))
+        kv.push(ks, np.ones(len(ks), dtype=np.float32), True)
+        kv.pull(ks, np.zeros(len(ks), dtype=np.float32), True)
+        pushed[t, ks] += 1
+        kv.advance_clock()
+    kv.waitall()
+    kv.barrier()
 
 
-threads = [threading.Thread(target=body, args=(t,)) for t in range(NT)]
-for th in threads:
-    th.start()
-for th in threads:
-    th.join()
-if errors:
-    raise errors[0]
+run_threads(body, NT)
 settle_and_check_sums(workers[0], s, comm, pushed.sum(axis=0), 1, clocks=4)
 s.barrier()
 s.shutdown()
