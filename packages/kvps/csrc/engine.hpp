@@ -41,6 +41,7 @@
 #include "distkit/mpi.hpp"
 #include "distkit/parallel.hpp"
 #include "inbox.hpp"
+#include "ledger.hpp"
 #include "node_shm.hpp"
 #include "profile.hpp"
 #include "replicas.hpp"
@@ -180,6 +181,8 @@ class Engine {
     shm_.setup(coll_, rank_, size_, static_cast<size_t>(num_keys_) * sizeof(Meta), lay.arena_bytes() + 64,
                shared_memory, prefault);
     intent_round_ = intent_round_of(lookahead_, shm_.one_node());
+    probe_round_ = intent_round_of(lookahead_, false);
+    ledger_.init(tech_ == T_ALL && !shm_.all_reach(), lookahead_, intent_round_, size_);
     meta_ = reinterpret_cast<Meta*>(shm_.meta(rank_));
     std::uninitialized_default_construct_n(meta_, num_keys_);
     dir_.init(meta_, num_keys_, rank_, size_);
@@ -222,8 +225,19 @@ class Engine {
   /// node-local peer's shard in shared memory, and through messages.
   /// Then: keys whose intent the home was told of (to move them here), and
   /// keys whose intent the cost model left at their owners.
-  std::array<int64_t, 5> stats() const {
-    return {n_local_.load(), n_shared_.load(), n_remote_.load(), n_told_.load(), n_classic_.load()};
+  /// Then the ledger (ledger.hpp): whether every intended key goes through
+  /// intent (1) or only the probe keys (0), how often that changed, and the
+  /// probe's recent gains and costs in remote accesses (rounded).
+  std::array<int64_t, 9> stats() const {
+    return {n_local_.load(),
+            n_shared_.load(),
+            n_remote_.load(),
+            n_told_.load(),
+            n_classic_.load(),
+            ledger_.all_keys() ? 1 : 0,
+            ledger_.switches(),
+            static_cast<int64_t>(ledger_.gains() + 0.5),
+            static_cast<int64_t>(ledger_.costs() + 0.5)};
   }
   /// Whether this rank reads and updates node-local peers' shards in place.
   bool shares_memory() const { return shm_.shares_peers(); }
@@ -370,6 +384,8 @@ class Engine {
   void on_localize(const MsgView& m, Outbox& ob);
   void on_repl_grant(const MsgView& m, Outbox& ob);
   void on_bye(int src);
+  void share_ledger();
+  void send_home(Outbox& ob);
   void serve(int32_t type, int32_t origin, int64_t ts, int64_t pos, int64_t k, const char* val, Outbox& ob);
   void handover(int64_t k, const char* v, uint32_t ver, Outbox& ob);
   void start_localize(const std::vector<int64_t>& keys, int64_t ts, Outbox& ob);
@@ -403,9 +419,14 @@ class Engine {
   /// It takes effect in the first intent round at or after `start - lookahead`:
   /// now if that round is this clock's or already past, else in that round.
   bool intent_due_now(int64_t start, int64_t now) const {
-    return start - lookahead_ <= now - now % intent_round_;
+    const int64_t round = intent_round();
+    return start - lookahead_ <= now - now % round;
   }
-  void drop_intents(const std::vector<int64_t>& drop, Outbox& ob);
+  /// The current intent round: while only the probe keys go through intent
+  /// (ledger.hpp), their few keys per round would cost a burst of small
+  /// messages every clock; rounds as between nodes batch them.
+  int64_t intent_round() const { return ledger_.all_keys() ? intent_round_ : probe_round_; }
+  void drop_intents(const std::vector<int64_t>& drop, const std::vector<uint8_t>& gated, Outbox& ob);
   void release_replica(Meta& m, int64_t k, std::map<int, Builder>& flushes);
   void send_flushes(std::map<int, Builder>& flushes, Outbox& ob);
   void send_intent(int32_t type, const std::vector<int64_t>& keys, const std::vector<uint8_t>* replica, Outbox& ob);
@@ -435,6 +456,7 @@ class Engine {
   int tech_;
   int64_t lookahead_;
   int64_t intent_round_ = 1;  // intents take effect in sync rounds every intent_round_ clocks (intent.hpp)
+  int64_t probe_round_ = 1;   // ... every probe_round_ clocks while only probe keys do (intent_round())
   int64_t sync_every_;
 
   Shard sh_;
@@ -450,6 +472,7 @@ class Engine {
   std::atomic<int64_t> n_local_{0}, n_shared_{0}, n_remote_{0};  // keys served, per path
   std::atomic<int64_t> n_told_{0}, n_classic_{0};                 // intents, per decision
   ReuseModel reuse_;                                              // progress thread only
+  IntentLedger ledger_;                                           // whether intent pays (ledger.hpp)
 
   std::mutex cmd_mu_;
   std::deque<Cmd> cmds_;
@@ -502,8 +525,9 @@ inline int64_t Engine::op(int op, int worker, const int64_t* keys, int64_t n, ch
   std::vector<uint8_t> remote(n, 0);
   std::atomic<int64_t> nremote{0}, nshared{0};
   const bool peers = shm_.shares_peers();
+  const bool probing = ledger_.enabled();
   distkit::parallel_for(0, n, 8192, [&](int64_t lo, int64_t hi) {
-    int64_t r = 0, shared = 0;
+    int64_t r = 0, shared = 0, gain = 0;
     constexpr int64_t kAhead = 24;
     for (int64_t i = lo; i < hi; ++i) {
       if (i + kAhead < hi) {
@@ -556,9 +580,13 @@ inline int64_t Engine::op(int op, int worker, const int64_t* keys, int64_t n, ch
           ++r;
         }
       }
+      // what intent changed for a probe key: near now vs near at its home (ledger.hpp)
+      if (probing && IntentLedger::probe(k))
+        gain += (remote[i] ? 0 : 1) - (shm_.reaches(rank_, dir_.home(k)) ? 1 : 0);
     }
     if (r) nremote += r;
     if (shared) nshared += shared;
+    ledger_.gain(gain);
   });
   const int64_t nr = nremote.load();
   n_shared_ += nshared.load();
@@ -654,7 +682,16 @@ inline void Engine::intent(int worker, const int64_t* keys, int64_t n, int64_t s
   c.worker = worker;
   c.a = start;
   c.b = end;
-  c.keys.assign(keys, keys + n);
+  if (ledger_.all_keys() || !IntentLedger::gated(start, end)) {
+    c.keys.assign(keys, keys + n);
+  } else {
+    // intent does not pay here now: only the probe keys go through it, in slices (ledger.hpp)
+    if (ledger_.probing(start))
+      for (int64_t i = 0; i < n; ++i)
+        if (IntentLedger::probe(keys[i])) c.keys.push_back(keys[i]);
+    n_classic_ += n - static_cast<int64_t>(c.keys.size());
+    if (c.keys.empty()) return;
+  }
   post(std::move(c));
 }
 

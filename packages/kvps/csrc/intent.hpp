@@ -82,6 +82,7 @@ inline void Engine::process_intents(int w, Outbox& ob) {
   const int64_t c = clocks_[w].load();
   const bool keep_owned = tech_ == T_ALL || tech_ == T_REPL_ONLY;
   std::vector<int64_t> add, drop;
+  std::vector<uint8_t> drop_gated;  // per key of `drop`: its last window was one the ledger gates
   std::vector<uint8_t> add_replica;  // per key of `add`: ask for a replica where others intend it too
   std::map<int, Builder> flushes;    // per hinted owner: the updates of released replicas
   auto& pend = pending_intents_[w];
@@ -96,6 +97,8 @@ inline void Engine::process_intents(int w, Outbox& ob) {
       ahead(e.keys.data(), ne, i, false);
       const int64_t k = e.keys[i];
       Meta& m = meta_[k];
+      const bool probe = ledger_.enabled() && IntentLedger::probe(k);
+      if (probe) ledger_.cost(IntentCosts::kWindow);
       const ReuseModel::Seen seen = reuse_.note(m, e.start, e.end);
       const bool recurs = seen.recurs;
       // A replica is refreshed every sync round while it lives, so it pays for a
@@ -106,6 +109,7 @@ inline void Engine::process_intents(int w, Outbox& ob) {
       if (m.state == REPLICA || (m.plain && m.state == NOT_HERE)) reuse_.note_replica_use(seen.steady);
       const bool replica = tech_ != T_ALL || window >= 2 || seen.steady || reuse_.replicas_pay();
       auto tell = [&] {  // (told: its drop must reach the home too)
+        if (probe) ledger_.cost(IntentCosts::kTell);
         m.flags &= static_cast<uint8_t>(~F_UNTOLD);
         add.push_back(k);
         add_replica.push_back(replica);
@@ -145,32 +149,69 @@ inline void Engine::process_intents(int w, Outbox& ob) {
     for (int64_t i = 0; i < ne; ++i) {
       ahead(e.keys.data(), ne, i, false);
       const int64_t k = e.keys[i];
-      if (--meta_[k].want == 0) drop.push_back(k);
+      if (--meta_[k].want == 0) {
+        drop.push_back(k);
+        drop_gated.push_back(IntentLedger::gated(e.start, e.end));
+      }
     }
   }
   send_flushes(flushes, ob);
   n_told_ += static_cast<int64_t>(add.size());
   if (!add.empty()) send_intent(M_INTENT_ADD, add, &add_replica, ob);
-  if (!drop.empty()) drop_intents(drop, ob);
+  if (!drop.empty()) drop_intents(drop, drop_gated, ob);
 }
 
 /// Intents that ended: replicas are dropped (their updates flushed to the
-/// owner), and the home hears of the drops of intents it was told of.
-inline void Engine::drop_intents(const std::vector<int64_t>& drop, Outbox& ob) {
+/// owner), and the home hears of the drops of intents it was told of. While
+/// intent does not pay (ledger.hpp) a drop of a key the ledger held back
+/// (`gated` and not a probe key) says so (pos = 1): the home moves the key
+/// back (home_intent).
+inline void Engine::drop_intents(const std::vector<int64_t>& drop, const std::vector<uint8_t>& gated,
+                                 Outbox& ob) {
   std::map<int, Builder> flushes;  // per hinted owner: the updates of dropped replicas
   std::vector<int64_t> told;
-  for (int64_t k : drop) {
+  std::vector<uint8_t> stay;  // (pos of M_INTENT_DROP)
+  const bool paused = !ledger_.all_keys();
+  for (size_t i = 0; i < drop.size(); ++i) {
+    const int64_t k = drop[i];
     Meta& m = meta_[k];
     m.plain = 0;
     if (m.flags & F_UNTOLD) {
       m.flags &= static_cast<uint8_t>(~F_UNTOLD);
     } else {
       told.push_back(k);
+      stay.push_back(paused && gated[i] && !IntentLedger::probe(k));
     }
     release_replica(m, k, flushes);
   }
   send_flushes(flushes, ob);
-  if (!told.empty()) send_intent(M_INTENT_DROP, told, nullptr, ob);
+  if (!told.empty()) send_intent(M_INTENT_DROP, told, &stay, ob);
+}
+
+/// While intent is paused (ledger.hpp): the keys held here that no intent of
+/// this rank wants go back home, as in the classic server (home_intent), also
+/// the probe keys a probe slice moved here. A key away from its home costs
+/// every other rank's request for it a forward from the home.
+inline void Engine::send_home(Outbox& ob) {
+  std::vector<int64_t> keys;
+  sh_.for_each_foreign([&](int64_t k) {
+    const Meta& m = meta_[k];  // (state and flags: written by this thread only)
+    if (m.state == OWNED && m.want == 0 && !(m.flags & F_INCOMING) && !shm_.reaches(dir_.home(k), rank_))
+      keys.push_back(k);
+  });
+  if (keys.empty()) return;
+  const std::vector<uint8_t> home(keys.size(), 1);
+  send_intent(M_INTENT_DROP, keys, &home, ob);
+}
+
+/// This rank's probe gains and costs, to every other rank (ledger.hpp).
+inline void Engine::share_ledger() {
+  for (int d = 0; d < size_; ++d) {
+    if (d == rank_) continue;
+    Builder b;
+    b.put(ledger_.wire_gain(), ledger_.wire_cost(), nullptr, 0);
+    send(d, M_LEDGER, rank_, 0, b);
+  }
 }
 
 /// Key k stops being a replica here (not while it is being relocated here);
@@ -181,6 +222,7 @@ inline void Engine::release_replica(Meta& m, int64_t k, std::map<int, Builder>& 
     m.state = NOT_HERE;
     m.flags &= static_cast<uint8_t>(~F_DELTA);
     if (m.dirty) {  // a clean replica has nothing to give back
+      if (ledger_.enabled() && IntentLedger::probe(k)) ledger_.cost(IntentCosts::kFlush);
       m.dirty = 0;
       flushes[m.hint].put(k, 0, sh_.delta(k), sh_.layout().row_bytes(k));
       sh_.clear_delta(k);
@@ -198,7 +240,8 @@ inline void Engine::send_flushes(std::map<int, Builder>& flushes, Outbox& ob) {
   flushes.clear();
 }
 
-/// `replica` (M_INTENT_ADD): per key, whether to ask for a replica where others intend it too.
+/// `replica`, per key: M_INTENT_ADD: whether to ask for a replica where others
+/// intend it too; M_INTENT_DROP: whether intent stopped because it does not pay.
 inline void Engine::send_intent(int32_t type, const std::vector<int64_t>& keys, const std::vector<uint8_t>* replica,
                                 Outbox& ob) {
   std::vector<Builder*> per(size_, nullptr);
@@ -218,7 +261,10 @@ inline void Engine::send_intent(int32_t type, const std::vector<int64_t>& keys, 
 /// these keys. One intending rank gets the key; with several, r gets a replica
 /// if it asked for one (`replica`, per key: see process_intents; the earlier
 /// intenders hold the key or their replicas already, or did not ask). A rank
-/// that reaches the owner's shard in place needs neither.
+/// that reaches the owner's shard in place needs neither. When a drop leaves
+/// one intending rank, the key moves there; but a drop of a rank that stopped
+/// intent because it does not pay (`replica` set, drop_intents) moves the key
+/// home once no rank intends it, and nowhere else.
 inline void Engine::home_intent(int32_t type, int32_t r, const int64_t* keys, const int64_t* replica, int64_t n,
                                 Outbox& ob) {
   const bool moving = !shutting_down_;
@@ -243,7 +289,12 @@ inline void Engine::home_intent(int32_t type, int32_t r, const int64_t* keys, co
       }
     } else {
       dir_.intender_remove(k, r);
-      if (moving && tech_ == T_ALL && dir_.intender_count(k) == 1) {
+      if (!moving || tech_ != T_ALL) continue;
+      const int left = dir_.intender_count(k);
+      if (replica[i] != 0) {
+        // intent stopped because it does not pay: as in the classic server, the key goes home
+        if (left == 0 && !shm_.reaches(rank_, meta_[k].owner)) relocate(k, rank_, ob);
+      } else if (left == 1) {
         int q = -1;
         dir_.for_intenders(k, [&](int x) { q = x; });
         if (!shm_.reaches(q, meta_[k].owner)) relocate(k, q, ob);

@@ -48,6 +48,16 @@ PYBIND11_MODULE(_kvps, m) {
   states["replica"] = static_cast<int>(kvps::REPLICA);
   states["incoming"] = static_cast<int>(kvps::INCOMING);
   m.attr("KEY_STATES") = states;
+  m.def(
+      "probe_keys",
+      [](py::array_t<int64_t, py::array::c_style | py::array::forcecast> keys) {
+        py::array_t<bool> out(keys.size());
+        const int64_t* k = keys.data();
+        bool* o = out.mutable_data();
+        for (py::ssize_t i = 0; i < keys.size(); ++i) o[i] = kvps::IntentLedger::probe(k[i]);
+        return out;
+      },
+      py::arg("keys"), "Which keys are the intent ledger's probe keys (ledger.hpp), as a bool array.");
   py::dict rules;
   rules["add"] = static_cast<int>(kvps::R_ADD);
   rules["sgd"] = static_cast<int>(kvps::R_SGD);
@@ -95,7 +105,7 @@ PYBIND11_MODULE(_kvps, m) {
       .def("stats",
            [](Engine& e) {
              auto s = e.stats();
-             return py::make_tuple(s[0], s[1], s[2], s[3], s[4]);
+             return py::make_tuple(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8]);
            })
       .def_property_readonly("shares_memory", &Engine::shares_memory)
       .def_property_readonly("rank", &Engine::rank)

@@ -125,6 +125,8 @@ inline void Engine::handle_cmd(Cmd& c) {
     case C_CLOCK:
       // advance_clock refreshes replicas every sync_every clocks
       sync_round(c.a % sync_every_ == 0, false, ob);
+      if (c.worker == 0 && c.a % intent_round_ == 0 && ledger_.settle() && !shutting_down_) share_ledger();
+      if (c.worker == 0 && ledger_.sweep_due(c.a) && !shutting_down_) send_home(ob);
       finish(ob);
       {
         std::lock_guard<std::mutex> lk(clock_mu_);
@@ -171,8 +173,9 @@ inline void Engine::route(Cmd& c, Outbox& ob) {
 /// Activate and end intent windows of every worker (in intent rounds, or
 /// `all_intents`: wait_sync); refresh replicas if asked.
 inline void Engine::sync_round(bool refresh, bool all_intents, Outbox& ob) {
+  const int64_t round = intent_round();
   for (int w = 0; w < num_workers_; ++w)
-    if (all_intents || clocks_[w].load() % intent_round_ == 0) process_intents(w, ob);
+    if (all_intents || clocks_[w].load() % round == 0) process_intents(w, ob);
   if (!refresh || reps_.empty()) return;
   std::map<int, Builder> dirty, clean;
   reps_.collect(dir_, sh_, dirty, clean);
@@ -324,6 +327,9 @@ inline void Engine::handle_msg(int src, const char* buf) {
     case M_BYE:
       on_bye(src);
       break;
+    case M_LEDGER:
+      if (m.h.n == 1) ledger_.peer(src, m.keys[0], m.pos[0]);
+      break;
     default:
       throw distkit::Error(str("kvps: unknown message type ", m.h.type, " from rank ", src));
   }
@@ -355,6 +361,7 @@ inline void Engine::on_fetch_resp(int src, const MsgView& m) {
     r.lock.lock();
     if (r.state == NOT_HERE && r.want > 0 && !shutting_down_) reps_.install(dir_, sh_, k, v, static_cast<uint32_t>(m.pos[i]));
     r.lock.unlock();
+    if (ledger_.enabled() && IntentLedger::probe(k)) ledger_.cost(IntentCosts::kFetch);
     v += sh_.layout().slot_bytes(k);
   }
   reqs_.complete(m.h.ts, m.h.n);
@@ -371,6 +378,7 @@ inline void Engine::on_rsync_resp(int src, const MsgView& m) {
     r.lock.lock();
     if (r.state == REPLICA) reps_.refresh(r, sh_, k, v, static_cast<uint32_t>(m.pos[i]));
     r.lock.unlock();
+    if (ledger_.enabled() && IntentLedger::probe(k)) ledger_.cost(IntentCosts::kRsync);
     v += sh_.layout().slot_bytes(k);
   }
   reqs_.complete(m.h.ts, m.h.n);
@@ -380,6 +388,7 @@ inline void Engine::on_rcheck_resp(int src, const MsgView& m) {
   for (int64_t i = 0; i < m.h.n; ++i) {
     meta_[m.keys[i]].hint = src;
     meta_[m.keys[i]].flags &= static_cast<uint8_t>(~F_SYNCING);
+    if (ledger_.enabled() && IntentLedger::probe(m.keys[i])) ledger_.cost(IntentCosts::kRcheck);
   }
   reqs_.complete(m.h.ts, m.h.n);
 }
@@ -501,6 +510,7 @@ inline void Engine::handover(int64_t k, const char* v, uint32_t ver, Outbox& ob)
   // a replica turning owner applies the updates it had not shipped yet
   if (replica_updates) sh_.apply_delta(k);
   prof_.arrived(k);
+  if (ledger_.enabled() && IntentLedger::probe(k)) ledger_.cost(IntentCosts::kMove);
   if (m.flags & F_NOTICED) {
     m.flags &= static_cast<uint8_t>(~F_NOTICED);
     --noticed_pending_;

@@ -54,7 +54,7 @@ class Shard {
   /// one (region A for keys homed here, a free region-B slot for others).
   void hold(int64_t k) {
     Meta& m = meta_[k];
-    if (lay_.home(k) != rank_ && m.slot < 0) m.slot = pool_.take(lay_.cls(k));
+    if (lay_.home(k) != rank_ && m.slot < 0) m.slot = pool_.take(lay_.cls(k), k);
   }
   /// Key k leaves (no longer owned nor replicated here): free its region-B slot.
   void release(int64_t k) {
@@ -66,6 +66,11 @@ class Shard {
   }
   /// Every region-B slot free (every key back at its home).
   void reset() { pool_.reset(); }
+  /// f(k) for every key homed elsewhere that is held here (owned or replicated).
+  template <class F>
+  void for_each_foreign(F&& f) const {
+    pool_.for_each_key(f);
+  }
 
   /// One push of `src` (a row) into key k's slot, by the server's rule.
   void apply(int64_t k, const char* src) const { apply_(rule_, slot(k), src, lay_.row(k)); }

@@ -163,7 +163,8 @@ class Layout {
   int64_t a_size_ = 0, b_size_ = 0;
 };
 
-/// Free slots of region B, per slot-length class (progress thread only).
+/// Free slots of region B, per slot-length class, and the key in each slot
+/// taken (progress thread only).
 class SlotPool {
  public:
   void init(const Layout& lay) {
@@ -171,25 +172,42 @@ class SlotPool {
     cap_.resize(lay.classes());
     for (size_t c = 0; c < lay.classes(); ++c) cap_[c] = lay.capacity(static_cast<int32_t>(c));
     free_.assign(lay.classes(), {});
+    key_.assign(lay.classes(), {});
   }
-  int32_t take(int32_t c) {
+  int32_t take(int32_t c, int64_t k) {
+    int32_t s;
     if (!free_[c].empty()) {
-      const int32_t s = free_[c].back();
+      s = free_[c].back();
       free_[c].pop_back();
-      return s;
+    } else {
+      check<distkit::Error>(next_[c] < cap_[c], "kvps: no free slot of class ", c, " (", cap_[c], " slots)");
+      s = static_cast<int32_t>(next_[c]++);
+      key_[c].push_back(-1);
     }
-    check<distkit::Error>(next_[c] < cap_[c], "kvps: no free slot of class ", c, " (", cap_[c], " slots)");
-    return static_cast<int32_t>(next_[c]++);
+    key_[c][static_cast<size_t>(s)] = k;
+    return s;
   }
-  void give(int32_t c, int32_t s) { free_[c].push_back(s); }
+  void give(int32_t c, int32_t s) {
+    free_[c].push_back(s);
+    key_[c][static_cast<size_t>(s)] = -1;
+  }
   void reset() {
     for (auto& n : next_) n = 0;
     for (auto& f : free_) f.clear();
+    for (auto& k : key_) k.clear();
+  }
+  /// f(k) for every key holding a slot (in no particular order).
+  template <class F>
+  void for_each_key(F&& f) const {
+    for (const auto& keys : key_)
+      for (int64_t k : keys)
+        if (k >= 0) f(k);
   }
 
  private:
   std::vector<int64_t> next_, cap_;
   std::vector<std::vector<int32_t>> free_;
+  std::vector<std::vector<int64_t>> key_;  // per class, per slot taken so far: its key (-1: free)
 };
 
 }  // namespace kvps

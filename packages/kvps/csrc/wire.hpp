@@ -48,6 +48,7 @@ enum MsgType : int32_t {
   M_RCHECK,        // replica refresh without updates: pos = the replica's version
   M_RCHECK_RESP,   // the owner's version equals the replica's: nothing changed
   M_BYE,           // the sender leaves without shutdown()
+  M_LEDGER,        // the sender's intent ledger: keys[0] = gains, pos[0] = costs (ledger.hpp)
 };
 
 /// What a message carries per key after the keys and positions.

@@ -155,6 +155,13 @@ def test_intent_cost_model() -> None:
 
 
 @pytest.mark.mpi
+def test_intent_ledger_pauses_and_resumes() -> None:
+    """Intent pauses on both ranks where it cannot pay (keys go home), resumes where it pays; sums exact."""
+    res = run_mpi(str(SCRIPTS / "ledger.py"), 2, timeout=150)
+    assert "ledger ok" in res.stdout, res.stdout
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize(
     ("nprocs", "mode", "technique"),
     [

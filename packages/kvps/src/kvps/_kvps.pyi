@@ -12,6 +12,9 @@ PUSH: int
 SET: int
 TECHNIQUES: dict[str, int]
 KEY_STATES: dict[str, int]
+
+def probe_keys(keys: npt.ArrayLike) -> npt.NDArray[np.bool_]: ...
+
 RULES: dict[str, int]
 VALUE_DTYPES: dict[str, int]
 
@@ -53,7 +56,7 @@ class Engine:
         beta1: float = 0.0,
         beta2: float = 0.0,
     ) -> None: ...
-    def stats(self) -> tuple[int, int, int, int, int]: ...
+    def stats(self) -> tuple[int, int, int, int, int, int, int, int, int]: ...
     @property
     def shares_memory(self) -> bool: ...
     @property

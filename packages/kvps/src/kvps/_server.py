@@ -253,15 +253,25 @@ class Server:
             through messages. ``intent_moved``: intended keys this rank asked
             to move (or replicate) here; ``intent_classic``: intended keys the
             cost model left at their owners, because moving them would cost
-            more than their expected uses save (one-off keys; see the README).
+            more than their expected uses save (one-off keys), or because
+            intent does not pay on this workload (see the README).
+            ``intent_all_keys``: 1 while every intended key goes through
+            intent, 0 while only a probe sample does (intent costs more than
+            it saves); ``intent_switches``: how often that changed;
+            ``intent_probe_gain`` / ``intent_probe_cost``: the probe sample's
+            recent gains and costs, in remote accesses of one key.
         """
-        loc, shared, remote, moved, classic = self._engine.stats()
+        loc, shared, remote, moved, classic, all_keys, switches, gain, cost = self._engine.stats()
         return {
             "local": int(loc),
             "shared": int(shared),
             "remote": int(remote),
             "intent_moved": int(moved),
             "intent_classic": int(classic),
+            "intent_all_keys": int(all_keys),
+            "intent_switches": int(switches),
+            "intent_probe_gain": int(gain),
+            "intent_probe_cost": int(cost),
         }
 
     def my_rank(self) -> int:
