@@ -125,7 +125,9 @@ inline void Engine::handle_cmd(Cmd& c) {
     case C_CLOCK:
       // advance_clock refreshes replicas every sync_every clocks
       sync_round(c.a % sync_every_ == 0, false, ob);
-      if (c.worker == 0 && c.a % intent_round_ == 0 && ledger_.settle() && !shutting_down_) share_ledger();
+      // (not to peers of a failed job: one may be gone)
+      if (c.worker == 0 && c.a % intent_round_ == 0 && ledger_.settle() && !shutting_down_ && !reqs_.failed())
+        share_ledger();
       if (c.worker == 0 && ledger_.sweep_due(c.a) && !shutting_down_) send_home(ob);
       finish(ob);
       {
