@@ -128,7 +128,7 @@ inline void Engine::handle_cmd(Cmd& c) {
       // (not to peers of a failed job: one may be gone)
       if (c.worker == 0 && c.a % intent_round_ == 0 && ledger_.settle() && !shutting_down_ && !reqs_.failed())
         share_ledger();
-      if (c.worker == 0 && ledger_.sweep_due(c.a) && !shutting_down_) send_home(ob);
+      if (c.worker == 0 && ledger_.sweep_due(c.a) && !shutting_down_ && !reqs_.failed()) send_home(ob);
       finish(ob);
       {
         std::lock_guard<std::mutex> lk(clock_mu_);
@@ -176,8 +176,14 @@ inline void Engine::route(Cmd& c, Outbox& ob) {
 /// `all_intents`: wait_sync); refresh replicas if asked.
 inline void Engine::sync_round(bool refresh, bool all_intents, Outbox& ob) {
   const int64_t round = intent_round();
-  for (int w = 0; w < num_workers_; ++w)
-    if (all_intents || clocks_[w].load() % round == 0) process_intents(w, ob);
+  for (int w = 0; w < num_workers_; ++w) {
+    if (!all_intents && clocks_[w].load() % round != 0) continue;
+    process_intents(w, ob);
+    // An outbox sends by (destination, type): one worker's drop of a key and
+    // the next worker's new intent for it would reach the home as add, then
+    // drop. Each worker's messages go out before the next worker's.
+    if (num_workers_ > 1) flush(ob);
+  }
   if (!refresh || reps_.empty()) return;
   std::map<int, Builder> dirty, clean;
   reps_.collect(dir_, sh_, dirty, clean);
