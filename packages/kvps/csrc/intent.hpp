@@ -97,8 +97,7 @@ inline void Engine::process_intents(int w, Outbox& ob) {
       ahead(e.keys.data(), ne, i, false);
       const int64_t k = e.keys[i];
       Meta& m = meta_[k];
-      const bool probe = ledger_.enabled() && IntentLedger::probe(k);
-      if (probe) ledger_.cost(IntentCosts::kWindow);
+      ledger_.cost(k, IntentCosts::kWindow);
       const ReuseModel::Seen seen = reuse_.note(m, e.start, e.end);
       const bool recurs = seen.recurs;
       // A replica is refreshed every sync round while it lives, so it pays for a
@@ -109,7 +108,7 @@ inline void Engine::process_intents(int w, Outbox& ob) {
       if (m.state == REPLICA || (m.plain && m.state == NOT_HERE)) reuse_.note_replica_use(seen.steady);
       const bool replica = tech_ != T_ALL || window >= 2 || seen.steady || reuse_.replicas_pay();
       auto tell = [&] {  // (told: its drop must reach the home too)
-        if (probe) ledger_.cost(IntentCosts::kTell);
+        ledger_.cost(k, IntentCosts::kTell);
         m.flags &= static_cast<uint8_t>(~F_UNTOLD);
         add.push_back(k);
         add_replica.push_back(replica);
@@ -222,7 +221,7 @@ inline void Engine::release_replica(Meta& m, int64_t k, std::map<int, Builder>& 
     m.state = NOT_HERE;
     m.flags &= static_cast<uint8_t>(~F_DELTA);
     if (m.dirty) {  // a clean replica has nothing to give back
-      if (ledger_.enabled() && IntentLedger::probe(k)) ledger_.cost(IntentCosts::kFlush);
+      ledger_.cost(k, IntentCosts::kFlush);
       m.dirty = 0;
       flushes[m.hint].put(k, 0, sh_.delta(k), sh_.layout().row_bytes(k));
       sh_.clear_delta(k);

@@ -103,8 +103,10 @@ class IntentLedger {
   void gain(int64_t accesses) {
     if (accesses != 0) gains_.fetch_add(accesses, std::memory_order_relaxed);
   }
-  /// Progress thread: intent work spent on probe keys.
-  void cost(double units) { round_cost_ += units; }
+  /// Progress thread: intent work spent on key k (counted for probe keys only).
+  void cost(int64_t k, double units) {
+    if (enabled_ && probe(k)) round_cost_ += units;
+  }
 
   /// Progress thread, once per intent round: fold the round in and decide.
   /// Returns whether to send this rank's sums to the others now (share()).
@@ -172,9 +174,6 @@ class IntentLedger {
   bool probing(int64_t start) const {
     return start >= 0 && (start / slice_) % duty_.load(std::memory_order_relaxed) == 0;
   }
-  /// Slices per probe period while paused (kDuty at first, doubling up to
-  /// kMaxDuty while each period confirms that intent does not pay).
-  int64_t duty() const { return duty_.load(std::memory_order_relaxed); }
   /// The probe's recent gains and costs over all ranks (decayed sums, in
   /// remote accesses) and how often the choice changed so far (any thread).
   double gains() const { return shown_gain_.load(std::memory_order_relaxed); }

@@ -369,7 +369,7 @@ inline void Engine::on_fetch_resp(int src, const MsgView& m) {
     r.lock.lock();
     if (r.state == NOT_HERE && r.want > 0 && !shutting_down_) reps_.install(dir_, sh_, k, v, static_cast<uint32_t>(m.pos[i]));
     r.lock.unlock();
-    if (ledger_.enabled() && IntentLedger::probe(k)) ledger_.cost(IntentCosts::kFetch);
+    ledger_.cost(k, IntentCosts::kFetch);
     v += sh_.layout().slot_bytes(k);
   }
   reqs_.complete(m.h.ts, m.h.n);
@@ -386,7 +386,7 @@ inline void Engine::on_rsync_resp(int src, const MsgView& m) {
     r.lock.lock();
     if (r.state == REPLICA) reps_.refresh(r, sh_, k, v, static_cast<uint32_t>(m.pos[i]));
     r.lock.unlock();
-    if (ledger_.enabled() && IntentLedger::probe(k)) ledger_.cost(IntentCosts::kRsync);
+    ledger_.cost(k, IntentCosts::kRsync);
     v += sh_.layout().slot_bytes(k);
   }
   reqs_.complete(m.h.ts, m.h.n);
@@ -396,7 +396,7 @@ inline void Engine::on_rcheck_resp(int src, const MsgView& m) {
   for (int64_t i = 0; i < m.h.n; ++i) {
     meta_[m.keys[i]].hint = src;
     meta_[m.keys[i]].flags &= static_cast<uint8_t>(~F_SYNCING);
-    if (ledger_.enabled() && IntentLedger::probe(m.keys[i])) ledger_.cost(IntentCosts::kRcheck);
+    ledger_.cost(m.keys[i], IntentCosts::kRcheck);
   }
   reqs_.complete(m.h.ts, m.h.n);
 }
@@ -518,7 +518,7 @@ inline void Engine::handover(int64_t k, const char* v, uint32_t ver, Outbox& ob)
   // a replica turning owner applies the updates it had not shipped yet
   if (replica_updates) sh_.apply_delta(k);
   prof_.arrived(k);
-  if (ledger_.enabled() && IntentLedger::probe(k)) ledger_.cost(IntentCosts::kMove);
+  ledger_.cost(k, IntentCosts::kMove);
   if (m.flags & F_NOTICED) {
     m.flags &= static_cast<uint8_t>(~F_NOTICED);
     --noticed_pending_;

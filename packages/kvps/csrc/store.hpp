@@ -168,7 +168,6 @@ class Layout {
 class SlotPool {
  public:
   void init(const Layout& lay) {
-    next_.assign(lay.classes(), 0);
     cap_.resize(lay.classes());
     for (size_t c = 0; c < lay.classes(); ++c) cap_[c] = lay.capacity(static_cast<int32_t>(c));
     free_.assign(lay.classes(), {});
@@ -180,8 +179,10 @@ class SlotPool {
       s = free_[c].back();
       free_[c].pop_back();
     } else {
-      check<distkit::Error>(next_[c] < cap_[c], "kvps: no free slot of class ", c, " (", cap_[c], " slots)");
-      s = static_cast<int32_t>(next_[c]++);
+      // (key_[c] has one entry per slot taken so far: the next new one is its size)
+      check<distkit::Error>(static_cast<int64_t>(key_[c].size()) < cap_[c], "kvps: no free slot of class ", c,
+                            " (", cap_[c], " slots)");
+      s = static_cast<int32_t>(key_[c].size());
       key_[c].push_back(-1);
     }
     key_[c][static_cast<size_t>(s)] = k;
@@ -192,7 +193,6 @@ class SlotPool {
     key_[c][static_cast<size_t>(s)] = -1;
   }
   void reset() {
-    for (auto& n : next_) n = 0;
     for (auto& f : free_) f.clear();
     for (auto& k : key_) k.clear();
   }
@@ -205,7 +205,7 @@ class SlotPool {
   }
 
  private:
-  std::vector<int64_t> next_, cap_;
+  std::vector<int64_t> cap_;
   std::vector<std::vector<int32_t>> free_;
   std::vector<std::vector<int64_t>> key_;  // per class, per slot taken so far: its key (-1: free)
 };
