@@ -293,6 +293,16 @@ def main() -> None:
                     mpiad_us=us["mpiad"],
                     mpi4py_us=us["mpi4py"],
                 )
+                ro, olo, ohi = ratio(goal, "mpiad out=", "mpi4py")
+                emit(
+                    f"Allreduce {label} (no grad, same output buffer, out=): mpiad / mpi4py",
+                    ro,
+                    "<= 2",
+                    ro <= 2,
+                    lo=olo,
+                    hi=ohi,
+                    mpiad_us=us["mpiad out="],
+                )
                 ra, alo, ahi = ratio(t, "mpiad (autograd)", "mpi4py")
                 emit(
                     f"Allreduce {label} (through autograd): mpiad / mpi4py",

@@ -22,6 +22,7 @@
 #include "distkit/pybind.hpp"
 #include "engine.hpp"
 #include "ops.hpp"
+#include "tensor_fast.hpp"
 
 #if defined(OPEN_MPI) && OPEN_MPI
 #include <mpi-ext.h>
@@ -146,12 +147,28 @@ PyObject* raise_from(std::exception_ptr p) {
   return nullptr;
 }
 
+/// The MPI part shared by both Allreduce entry points below, with the GIL
+/// released; false with a Python exception set when it failed.
+bool run_allreduce(MPI_Comm c, uintptr_t send, uintptr_t recv, int64_t nbytes, DType d, int64_t op,
+                        const mpiad::Reduction& r) {
+  std::exception_ptr err;
+  Py_BEGIN_ALLOW_THREADS
+  try {
+    mpiad::allreduce(c, P(send), P(recv), nbytes, d, op, r);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  Py_END_ALLOW_THREADS
+  if (err) raise_from(err);
+  return !err;
+}
+
 /// allreduce_fast(comm, send, recv, nbytes, dtype, op): THE Allreduce entry point of
-/// mpiad (every Python path calls it): `nbytes` per rank (MINLOC/MAXLOC reduce
-/// pairs, MPI_AVG divides the sum by the size), algorithm choice and counts above
-/// INT_MAX in collectives.hpp. A METH_FASTCALL function: the latency path skips
-/// pybind11's argument conversion (~150 ns of an 8-byte call). Errors are raised
-/// before any communication.
+/// mpiad (every Python path calls it, or allreduce_tensor below): `nbytes` per rank
+/// (MINLOC/MAXLOC reduce pairs, MPI_AVG divides the sum by the size), algorithm
+/// choice and counts above INT_MAX in collectives.hpp. A METH_FASTCALL function: the
+/// latency path skips pybind11's argument conversion (~150 ns of an 8-byte call).
+/// Errors are raised before any communication.
 PyObject* allreduce_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 6) {
     PyErr_SetString(PyExc_TypeError, "allreduce_fast(comm, send, recv, nbytes, dtype, op) takes 6 integers");
@@ -174,17 +191,42 @@ PyObject* allreduce_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   } catch (...) {
     return raise_from(std::current_exception());
   }
-  std::exception_ptr err;
-  Py_BEGIN_ALLOW_THREADS
-  try {
-    mpiad::allreduce(c, P(send), P(recv), nbytes, d, op, r);
-  } catch (...) {
-    err = std::current_exception();
-  }
-  Py_END_ALLOW_THREADS
-  if (err) return raise_from(err);
+  if (!run_allreduce(c, send, recv, nbytes, d, op, r)) return nullptr;
   Py_RETURN_NONE;
 }
+
+/// allreduce_tensor(comm, tensor, op, out): the no-grad latency path of
+/// Communicator.Allreduce (tensor_fast.hpp): the result tensor, or None when the
+/// Python path must take the call.
+PyObject* allreduce_tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "allreduce_tensor(comm, tensor, op, out) takes 4 arguments");
+    return nullptr;
+  }
+  const uintptr_t h = PyLong_AsUnsignedLongLong(args[0]);
+  if (PyErr_Occurred()) return nullptr;
+  mpiad::TensorCall call;
+  const int ready = mpiad::prepare_allreduce(args[1], args[2], args[3], &call);
+  if (ready <= 0) {
+    if (ready < 0) return nullptr;
+    Py_RETURN_NONE;
+  }
+  py::object result = py::reinterpret_steal<py::object>(call.result);
+  MPI_Comm c = MPI_COMM_NULL;
+  try {
+    c = C(h);
+  } catch (...) {
+    return raise_from(std::current_exception());
+  }
+  if (!run_allreduce(c, call.send, call.recv, call.nbytes, call.dtype, call.op, call.reduction)) return nullptr;
+  return result.release().ptr();
+}
+
+PyMethodDef g_allreduce_tensor_def = {
+    "allreduce_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&allreduce_tensor)),
+    METH_FASTCALL,
+    "allreduce_tensor(comm, tensor, op, out): Allreduce of a contiguous CPU tensor without grad into `out` "
+    "(None: a new tensor); returns the result, or None when the call is not one for this path."};
 
 PyMethodDef g_allreduce_fast_def = {
     "allreduce_fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&allreduce_fast)),
@@ -277,6 +319,17 @@ PYBIND11_MODULE(_mpiad, m) {
 
   m.attr("allreduce_fast") =
       py::reinterpret_steal<py::object>(PyCFunction_NewEx(&g_allreduce_fast_def, nullptr, m.attr("__name__").ptr()));
+  m.attr("allreduce_tensor") =
+      py::reinterpret_steal<py::object>(PyCFunction_NewEx(&g_allreduce_tensor_def, nullptr, m.attr("__name__").ptr()));
+  m.def("init_tensor_fast", [](py::object tensor, py::object parameter, py::object grad_enabled, py::object empty_like,
+                               py::object new_output, py::object codes, int64_t pool_min_bytes) {
+    if (!mpiad::TensorApi::get().init(tensor.ptr(), parameter.ptr(), grad_enabled.ptr(), empty_like.ptr(),
+                                      new_output.ptr(), codes.ptr(), pool_min_bytes))
+      throw py::error_already_set();
+    return mpiad::TensorApi::get().ready;
+  }, "Give allreduce_tensor torch's Tensor and Parameter types, torch.is_grad_enabled, torch.empty_like, the "
+     "pool's new_output (outputs from pool_min_bytes on) and {dtype: code}; returns whether the fast path is on "
+     "(whether torch's tensor attributes are C descriptors). Called once, by mpiad._comm.");
 
   // --- blocking calls
   m.def("reduce", [](uintptr_t h, uintptr_t send, uintptr_t recv, int64_t count, int64_t dtype, int64_t op,

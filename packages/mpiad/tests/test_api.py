@@ -176,7 +176,7 @@ def test_allreduce_latency_paths() -> None:
     assert gp.requires_grad and torch.equal(gp.detach(), torch.tensor([1.0, 2.0]))
     (gg,) = torch.autograd.grad(gp.sum(), g)
     assert torch.equal(gg, torch.ones(2))
-    with torch.no_grad():  # requires_grad but no autograd: the native fast path
+    with torch.no_grad():  # requires_grad but no autograd: the C latency path
         z = comm.Allreduce(x, mpiad.MPI_SUM)
     assert z.grad_fn is None and torch.equal(z, x.detach())
     # bools are not ops, even though True == 1 == MPI_MIN
@@ -199,6 +199,82 @@ def test_allreduce_latency_paths() -> None:
         _mpiad.allreduce_fast(h, a.data_ptr(), b.data_ptr(), 16, 2, mpiad.MPI_BXOR)
     with pytest.raises(TypeError, match="unknown dtype code 99"):
         _mpiad.allreduce_fast(h, a.data_ptr(), b.data_ptr(), 16, 99, mpiad.MPI_SUM)
+
+
+def test_allreduce_c_path_takes_only_what_python_would_accept() -> None:
+    """The C latency path (csrc/tensor_fast.hpp) either completes a call or answers
+    None and leaves it to the Python path: every case that is not a plain no-grad
+    call on a contiguous CPU tensor must come back None, untouched."""
+    import sys
+
+    from mpiad import _comm, _mpiad
+
+    assert _comm.TENSOR_FAST_PATH  # this torch defines the attributes in C
+    comm = mpiad.COMM_WORLD
+    h, S, fast = comm._handle, mpiad.MPI_SUM, _mpiad.allreduce_tensor
+    x = torch.arange(4.0)
+    before = sys.getrefcount(x)
+    y = fast(h, x, S, None)
+    assert type(y) is torch.Tensor and y.data_ptr() != x.data_ptr() and torch.equal(y, x)
+    out = torch.empty(4)
+    assert fast(h, x, S, out) is out and torch.equal(out, x)
+    assert fast(h, x, S, x) is x  # in place
+    p = torch.nn.Parameter(torch.arange(3.0), requires_grad=False)
+    assert torch.equal(fast(h, p, mpiad.MPI_MAX, None), p)
+    with torch.no_grad():  # requires_grad, but grad mode off: no autograd to record
+        assert torch.equal(fast(h, x.clone().requires_grad_(), S, None), x)
+    for _ in range(1000):
+        fast(h, x, S, out)
+        fast(h, x, S, None)
+    assert sys.getrefcount(x) == before and sys.getrefcount(out) == 2
+    big = torch.ones(1 << 18)  # 1 MiB: a pooled output
+    assert torch.equal(fast(h, big, S, None), big)
+
+    class Sub(torch.Tensor):
+        pass
+
+    nc = torch.arange(8.0).view(2, 4).t()
+    not_mine = [
+        (torch.arange(4.0).requires_grad_(), S, None),  # autograd
+        (x.as_subclass(Sub), S, None),
+        (nc, S, None),  # not contiguous
+        (torch.ones(2, device="meta"), S, None),
+        (x, True, None),  # a bool is not an op
+        (x, 1.0, None),
+        (x, 1 << 70, None),
+        (x, 12345, None),  # unknown op
+        (x, mpiad.MPI_BXOR, None),  # not defined for float32
+        (torch.ones(2, 2), mpiad.MPI_MAXLOC, None),  # pairs: Python's shape check
+        ([1.0, 2.0], S, None),
+        (x, S, torch.empty(3)),  # out: shape
+        (x, S, torch.empty(2, 2)),
+        (x, S, torch.empty(4, dtype=torch.float64)),  # dtype
+        (x, S, torch.empty(4, requires_grad=True)),
+        (x, S, torch.empty(8)[::2]),  # not contiguous
+        (x, S, torch.empty(4).as_subclass(Sub)),
+        (x, S, torch.empty(4, device="meta")),
+        (x, S, "out"),
+    ]
+    for t, op, o in not_mine:
+        if isinstance(o, torch.Tensor) and o.device.type == "cpu" and not o.requires_grad:
+            o.fill_(-7.0)
+        assert fast(h, t, op, o) is None, (t, op, o)
+        if isinstance(o, torch.Tensor) and o.device.type == "cpu" and not o.requires_grad:
+            assert bool((o == -7.0).all()), "a refused out= was written"
+    with pytest.raises(TypeError, match="takes 4 arguments"):
+        fast(h, x, S)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        fast("h", x, S, None)  # type: ignore[arg-type]
+    from mpi4py import MPI
+
+    with pytest.raises(ValueError, match="MPI_COMM_NULL"):
+        fast(MPI.COMM_NULL.handle, x, S, None)
+    # and the public method answers the refused cases as before
+    assert torch.equal(comm.Allreduce(nc, S), nc)
+    with pytest.raises(ValueError, match="out must be"):
+        comm.Allreduce(x, S, out=torch.empty(4, dtype=torch.float64))
+    with pytest.raises(TypeError, match="op must be an int"):
+        comm.Allreduce(x, 1.0)  # type: ignore[arg-type]
 
 
 def test_irecv_fills_the_tensor_passed_in() -> None:

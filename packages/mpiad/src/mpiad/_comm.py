@@ -18,6 +18,7 @@ from . import _collectives as _coll
 from . import _functions as F
 from . import _handles, _mpiad, _nonblocking, _p2p
 from ._checks import (
+    CODE,
     VALID,
     check_axis,
     check_int,
@@ -39,13 +40,18 @@ Tensor = torch.Tensor
 _is_compiling = torch.compiler.is_compiling
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
-_empty_like = torch.empty_like
 _grad_enabled = torch.is_grad_enabled
 _AllreduceSmall = F.AllreduceSmall
 _apply_small = F.apply_small
 _functorch_active = F.functorch_active
 _unwrap_if_dead = F.unwrap_if_dead
 _allreduce_fast = _mpiad.allreduce_fast
+_allreduce_tensor = _mpiad.allreduce_tensor
+#: whether the C latency path is on (False only where a torch release defines a
+#: tensor attribute it reads in Python; every call then takes the Python path)
+TENSOR_FAST_PATH: bool = _mpiad.init_tensor_fast(
+    _Tensor, _Parameter, torch.is_grad_enabled, torch.empty_like, new_output, CODE, POOL_MIN_BYTES
+)
 
 
 def _needs_grad(t: Tensor) -> bool:
@@ -73,8 +79,6 @@ def _compiled_handle(t: Tensor, result: Tensor) -> WaitHandle:
 
 
 def _code(t: Tensor) -> int:
-    from ._checks import CODE
-
     return CODE[t.dtype]
 
 
@@ -170,24 +174,25 @@ class Communicator:
         ValueError
             Unknown ``op``; ``out`` not matching, or used with autograd.
         """
-        if type(op) is int and (type(tensor) is _Tensor or type(tensor) is _Parameter):
-            # the latency paths: a validated (op, dtype) pair and a contiguous CPU tensor
-            code = VALID.get((op, tensor.dtype))
-            if code is not None and tensor.is_cpu and tensor.is_contiguous() and not _debug.on:
-                nbytes = tensor.nbytes
-                if tensor.requires_grad and _grad_enabled():
-                    if out is None and nbytes < POOL_MIN_BYTES and not _is_compiling():
-                        if _functorch_active():
-                            return _AllreduceSmall.apply(tensor, self, op, code)
-                        return _apply_small(_unwrap_if_dead(tensor), self, op, code)
-                elif not _is_compiling():
-                    # no autograd: one allocation and the native call, no staging or copies
-                    if out is None:
-                        out = _empty_like(tensor) if nbytes < POOL_MIN_BYTES else new_output(tensor)
-                    elif out is not tensor:
-                        _check_out(out, tensor)
-                    _allreduce_fast(self._handle, tensor.data_ptr(), out.data_ptr(), nbytes, code, op)
-                    return out
+        if not _debug.on and not _is_compiling():
+            # the latency paths. Without grad: checks, allocation and call in C
+            # (csrc/tensor_fast.hpp), None when the call is not one for it.
+            result = _allreduce_tensor(self._handle, tensor, op, out)
+            if result is not None:
+                return result
+            # With autograd: one graph node that allocates and calls the native entry.
+            if (
+                out is None
+                and type(op) is int
+                and (type(tensor) is _Tensor or type(tensor) is _Parameter)
+                and tensor.requires_grad
+                and _grad_enabled()
+            ):
+                code = VALID.get((op, tensor.dtype))
+                if code is not None and tensor.is_cpu and tensor.is_contiguous() and tensor.nbytes < POOL_MIN_BYTES:
+                    if _functorch_active():
+                        return _AllreduceSmall.apply(tensor, self, op, code)
+                    return _apply_small(_unwrap_if_dead(tensor), self, op, code)
         t = check_tensor(tensor)
         op = check_op(op, t)
         if out is not None:
