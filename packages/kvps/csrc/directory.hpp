@@ -51,6 +51,7 @@ struct Meta {
   uint8_t flags = 0;      // Flag bits; progress thread only
   uint8_t dirty = 0;      // replica updated locally since its last refresh
   uint8_t plain = 0;      // this rank told the home of its intent without asking for a replica (intent.hpp)
+  uint8_t localized = 0;  // localize() asked for the key here, and it has not left since; progress thread only
   uint16_t want = 0;      // active intents of this rank's workers
   int32_t hint = 0;       // where requests go (a routing hint)
   uint32_t ver = 0;       // version of the value held here (owner: bumped by every update)
@@ -97,6 +98,7 @@ class Directory {
       m.dirty = 0;
       m.want = 0;
       m.plain = 0;
+      m.localized = 0;
       m.last = 0;
       m.imask = 0;
     }

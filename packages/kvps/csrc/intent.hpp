@@ -190,12 +190,14 @@ inline void Engine::drop_intents(const std::vector<int64_t>& drop, const std::ve
 /// While intent is paused (ledger.hpp): the keys held here that no intent of
 /// this rank wants go back home, as in the classic server (home_intent), also
 /// the probe keys a probe slice moved here. A key away from its home costs
-/// every other rank's request for it a forward from the home.
+/// every other rank's request for it a forward from the home. Keys the
+/// application localized here stay: localize is an explicit placement.
 inline void Engine::send_home(Outbox& ob) {
   std::vector<int64_t> keys;
   sh_.for_each_foreign([&](int64_t k) {
     const Meta& m = meta_[k];  // (state and flags: written by this thread only)
-    if (m.state == OWNED && m.want == 0 && !(m.flags & F_INCOMING) && !shm_.reaches(dir_.home(k), rank_))
+    if (m.state == OWNED && m.want == 0 && !m.localized && !(m.flags & F_INCOMING) &&
+        !shm_.reaches(dir_.home(k), rank_))
       keys.push_back(k);
   });
   if (keys.empty()) return;

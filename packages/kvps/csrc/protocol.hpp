@@ -477,6 +477,7 @@ inline void Engine::serve(int32_t type, int32_t origin, int64_t ts, int64_t pos,
         break;
       case M_TRANSFER:
         ob.to(origin, M_HANDOVER, rank_, 0).put(k, m.ver, slot, lay.slot_bytes(k));
+        m.localized = 0;
         m.hint = origin;
         if (m.want > 0 && (tech_ == T_ALL || tech_ == T_REPL_ONLY) && !shutting_down_) {
           reps_.keep(dir_, sh_, k);  // still intended here: a replica of the new owner
@@ -555,6 +556,7 @@ inline void Engine::start_localize(const std::vector<int64_t>& keys, int64_t ts,
   int64_t already = 0;
   for (int64_t k : keys) {
     Meta& m = meta_[k];
+    m.localized = 1;  // (until the key leaves: M_TRANSFER)
     m.lock.lock();
     const uint8_t st = m.state;
     if (st == OWNED) {

@@ -8,6 +8,8 @@ Checks:
   * keys this rank's intents had moved here (recurring keys, not probe keys)
     go back to their homes once their intents end while intent is paused;
   * a window of several clocks still moves its keys while intent is paused;
+  * keys localized while intent is paused stay where they were localized
+    (the sweep that sends home what no intent wants leaves them);
   * when the workload turns to keys that recur (each rank its own, used every
     clock), the probe keys show the gain and intent resumes on both ranks; from
     then on those keys are local;
@@ -129,6 +131,22 @@ c = w.current_clock()
 w.intent(long, c, c + 3)
 w.wait_sync()
 assert use(long) == -1, "a window of several clocks did not move its keys while intent was paused"
+
+# paused: keys localized here stay here; the sweep that sends home what no
+# intent wants (it does send `long` home once its window is over) leaves them
+loc = foreign(50, probes=False)
+w.wait(w.localize(loc))
+assert all(s._engine.key_state(int(k)) == OWNED for k in loc), "localize did not move the keys here"
+for _ in range(3 * max(16, 2 * AHEAD)):  # three probe slices: the sweep runs once in each
+    w.advance_clock()
+    w.wait_sync()
+s.barrier()
+w.wait_sync()
+assert s.stats()["intent_all_keys"] == 0
+assert not any(s._engine.key_state(int(k)) == OWNED for k in long), "the sweep did not run"
+swept = [int(k) for k in loc if s._engine.key_state(int(k)) != OWNED]
+assert not swept, f"rank {rank}: the paused ledger's sweep sent {len(swept)} localized keys home"
+assert use(loc) == -1, "localized keys were not local"
 s.barrier()
 
 # ------------------------------------------------- phase 2: intent resumes
