@@ -195,8 +195,9 @@ PyObject* allreduce_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
-/// allreduce_tensor(comm, tensor, op, out): the no-grad latency path of
-/// Communicator.Allreduce (tensor_fast.hpp): the result tensor, or None when the
+/// allreduce_tensor(comm, tensor, op, out): the latency paths of
+/// Communicator.Allreduce (tensor_fast.hpp): the result tensor without autograd,
+/// the dtype code for a call of the autograd latency path, or None when the
 /// Python path must take the call.
 PyObject* allreduce_tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 4) {
@@ -206,10 +207,11 @@ PyObject* allreduce_tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const uintptr_t h = PyLong_AsUnsignedLongLong(args[0]);
   if (PyErr_Occurred()) return nullptr;
   mpiad::TensorCall call;
-  const int ready = mpiad::prepare_allreduce(args[1], args[2], args[3], &call);
-  if (ready <= 0) {
-    if (ready < 0) return nullptr;
-    Py_RETURN_NONE;
+  switch (mpiad::prepare_allreduce(args[1], args[2], args[3], &call)) {
+    case mpiad::kRaised: return nullptr;
+    case mpiad::kNotMine: Py_RETURN_NONE;
+    case mpiad::kAutograd: return PyLong_FromLongLong(call.code);
+    default: break;  // kReady
   }
   py::object result = py::reinterpret_steal<py::object>(call.result);
   MPI_Comm c = MPI_COMM_NULL;
@@ -225,8 +227,9 @@ PyObject* allreduce_tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyMethodDef g_allreduce_tensor_def = {
     "allreduce_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&allreduce_tensor)),
     METH_FASTCALL,
-    "allreduce_tensor(comm, tensor, op, out): Allreduce of a contiguous CPU tensor without grad into `out` "
-    "(None: a new tensor); returns the result, or None when the call is not one for this path."};
+    "allreduce_tensor(comm, tensor, op, out): Allreduce of a contiguous CPU tensor without autograd into `out` "
+    "(None: a new tensor) and returns the result; for a call needing autograd that suits the autograd latency "
+    "path, returns its dtype code instead; None when the call is for neither."};
 
 PyMethodDef g_allreduce_fast_def = {
     "allreduce_fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&allreduce_fast)),

@@ -1,4 +1,4 @@
-// tensor_fast.hpp - the no-grad latency path of Communicator.Allreduce, in C.
+// tensor_fast.hpp - the latency paths of Communicator.Allreduce, checked in C.
 //
 // An 8-byte Allreduce is about a microsecond of MPI; the Python checks in front
 // of it (a dozen tensor attribute reads, each a bytecode dispatch plus torch's
@@ -7,12 +7,14 @@
 // `init_tensor_fast`), so each read is one C call into torch's getter, without
 // linking libtorch.
 //
-// It only ever says "yes, done" or "not mine": for anything but an exact
-// torch.Tensor/Parameter on the CPU, contiguous, without requires_grad, with a
-// valid (op, dtype) pair other than MINLOC/MAXLOC and a matching `out`, it
-// returns None before touching anything, and the Python path (with its full
-// checks and error messages) takes over. So the two paths cannot disagree on
-// what is accepted.
+// Its answer is one of three. "Done" (the result) for a call without autograd.
+// "One for the autograd latency path" (the dtype code) for a call that needs
+// autograd and passes the same checks; Python then records one AllreduceSmall
+// node. "Not mine" (None) for anything but an exact torch.Tensor/Parameter on
+// the CPU, contiguous, with a valid (op, dtype) pair other than MINLOC/MAXLOC
+// and a matching `out`. "Not mine" comes before anything is touched, and the
+// Python path (with its full checks and error messages) takes over, so the
+// paths cannot disagree on what is accepted.
 #pragma once
 
 #include <Python.h>
@@ -142,60 +144,76 @@ struct TensorCall {
   int64_t nbytes = 0;
   distkit::DType dtype = distkit::DType::Float32;
   int64_t op = 0;
+  int64_t code = 0;  // the dtype code
   Reduction reduction;
 };
 
-/// Checks `tensor`, `op` and `out` (None: a new output) for the fast path and
-/// fills `call`. Returns 1 when ready (`call->result` is then a new reference), 0
-/// when this path does not apply (nothing allocated, no exception), -1 with a
-/// Python exception set (a torch getter raised).
+/// What prepare_allreduce found.
+enum Prepared : int {
+  kRaised = -1,    // a torch getter raised: a Python exception is set
+  kNotMine = 0,    // neither path applies: nothing allocated, no exception
+  kReady = 1,      // no autograd: `call` is complete, `call->result` a new reference
+  kAutograd = 2,   // autograd, and the call suits its latency path: `call->code` is set
+};
+
+/// Checks `tensor`, `op` and `out` (None: a new output) for the fast paths and
+/// fills `call`. The autograd latency path (Python's AllreduceSmall node) takes
+/// calls that need autograd, with no `out=`, below the output pool's size.
 inline int prepare_allreduce(PyObject* t, PyObject* op_obj, PyObject* out, TensorCall* call) {
   TensorApi& api = TensorApi::get();
-  if (!api.ready || !api.exact(t) || !PyLong_CheckExact(op_obj)) return 0;
-  // no autograd (requires_grad False, or grad mode off), on the CPU, contiguous
+  if (!api.ready || !api.exact(t) || !PyLong_CheckExact(op_obj)) return kNotMine;
+  // autograd: requires_grad with grad mode on
   int f = TensorApi::flag(TensorApi::get(api.requires_grad, t));
   if (f == 1) f = TensorApi::flag(PyObject_CallNoArgs(api.grad_enabled));
-  if (f != 0) return f < 0 ? -1 : 0;
+  if (f < 0) return kRaised;
+  const bool autograd = f == 1;
+  if (autograd && out != Py_None) return kNotMine;  // (Python's error: out= has no autograd)
+  // on the CPU, contiguous
   f = TensorApi::flag(TensorApi::get(api.is_cpu, t));
   if (f != 1) return f;
   f = TensorApi::flag(TensorApi::call(api.is_contiguous, t));
   if (f != 1) return f;
 
   Ref dtype(TensorApi::get(api.dtype, t));
-  if (dtype.p == nullptr) return -1;
+  if (dtype.p == nullptr) return kRaised;
   PyObject* code_obj = PyDict_GetItemWithError(api.codes, dtype.p);  // borrowed
-  if (code_obj == nullptr) return PyErr_Occurred() ? -1 : 0;
+  if (code_obj == nullptr) return PyErr_Occurred() ? kRaised : kNotMine;
   Ref nbytes_obj(TensorApi::get(api.nbytes, t));
-  if (nbytes_obj.p == nullptr) return -1;
+  if (nbytes_obj.p == nullptr) return kRaised;
   call->nbytes = PyLong_AsLongLong(nbytes_obj.p);
   const long long code = PyLong_AsLongLong(code_obj);
   call->op = PyLong_AsLongLong(op_obj);
   if (PyErr_Occurred()) {  // an op beyond int64: the Python path names the problem
     PyErr_Clear();
-    return 0;
+    return kNotMine;
   }
-  if (is_loc(call->op)) return 0;  // MINLOC/MAXLOC also need the Python shape check (pairs)
+  if (is_loc(call->op)) return kNotMine;  // MINLOC/MAXLOC also need the Python shape check (pairs)
   try {
     call->dtype = distkit::dtype_from_code(code);
     call->reduction = reduction(call->op, call->dtype, call->nbytes);
   } catch (...) {  // (op, dtype) not a valid pair: the Python path raises the error
-    return 0;
+    return kNotMine;
+  }
+  if (autograd) {
+    if (call->nbytes >= api.pool_min_bytes) return kNotMine;
+    call->code = code;
+    return kAutograd;
   }
 
   if (out != Py_None && out != t) {  // the checks of `out=`, as in Python's _check_out
-    if (!api.exact(out)) return 0;
+    if (!api.exact(out)) return kNotMine;
     f = TensorApi::flag(TensorApi::get(api.requires_grad, out));
-    if (f != 0) return f < 0 ? -1 : 0;
+    if (f != 0) return f < 0 ? kRaised : kNotMine;
     f = TensorApi::flag(TensorApi::get(api.is_cpu, out));
     if (f != 1) return f;
     f = TensorApi::flag(TensorApi::call(api.is_contiguous, out));
     if (f != 1) return f;
     Ref out_dtype(TensorApi::get(api.dtype, out));
-    if (out_dtype.p == nullptr) return -1;
-    if (out_dtype.p != dtype.p) return 0;  // torch.dtype objects are singletons
+    if (out_dtype.p == nullptr) return kRaised;
+    if (out_dtype.p != dtype.p) return kNotMine;  // torch.dtype objects are singletons
     Ref s1(TensorApi::get(api.shape, t));
     Ref s2(TensorApi::get(api.shape, out));
-    if (s1.p == nullptr || s2.p == nullptr) return -1;
+    if (s1.p == nullptr || s2.p == nullptr) return kRaised;
     const int same = PyObject_RichCompareBool(s1.p, s2.p, Py_EQ);
     if (same != 1) return same;
   }
@@ -203,20 +221,20 @@ inline int prepare_allreduce(PyObject* t, PyObject* op_obj, PyObject* out, Tenso
   if (out == Py_None) {
     result.p = PyObject_Vectorcall(call->nbytes < api.pool_min_bytes ? api.empty_like : api.new_output, &t, 1,
                                    nullptr);
-    if (result.p == nullptr) return -1;
+    if (result.p == nullptr) return kRaised;
   } else {
     Py_INCREF(out);
     result.p = out;
   }
   Ref send(TensorApi::call(api.data_ptr, t));
-  if (send.p == nullptr) return -1;
+  if (send.p == nullptr) return kRaised;
   Ref recv(TensorApi::call(api.data_ptr, result.p));
-  if (recv.p == nullptr) return -1;
+  if (recv.p == nullptr) return kRaised;
   call->send = PyLong_AsUnsignedLongLong(send.p);
   call->recv = PyLong_AsUnsignedLongLong(recv.p);
-  if (PyErr_Occurred()) return -1;
+  if (PyErr_Occurred()) return kRaised;
   call->result = result.release();
-  return 1;
+  return kReady;
 }
 
 }  // namespace mpiad

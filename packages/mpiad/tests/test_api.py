@@ -207,7 +207,7 @@ def test_allreduce_c_path_takes_only_what_python_would_accept() -> None:
     call on a contiguous CPU tensor must come back None, untouched."""
     import sys
 
-    from mpiad import _comm, _mpiad
+    from mpiad import _checks, _comm, _mpiad
 
     assert _comm.TENSOR_FAST_PATH  # this torch defines the attributes in C
     comm = mpiad.COMM_WORLD
@@ -235,7 +235,6 @@ def test_allreduce_c_path_takes_only_what_python_would_accept() -> None:
 
     nc = torch.arange(8.0).view(2, 4).t()
     not_mine = [
-        (torch.arange(4.0).requires_grad_(), S, None),  # autograd
         (x.as_subclass(Sub), S, None),
         (nc, S, None),  # not contiguous
         (torch.ones(2, device="meta"), S, None),
@@ -261,6 +260,12 @@ def test_allreduce_c_path_takes_only_what_python_would_accept() -> None:
         assert fast(h, t, op, o) is None, (t, op, o)
         if isinstance(o, torch.Tensor) and o.device.type == "cpu" and not o.requires_grad:
             assert bool((o == -7.0).all()), "a refused out= was written"
+    # a call needing autograd is answered with its dtype code (the autograd latency path)
+    xg = torch.arange(4.0, requires_grad=True)
+    code = fast(h, xg, S, None)
+    assert type(code) is int and code == _checks.CODE[torch.float32]
+    assert fast(h, xg, S, torch.empty(4)) is None  # out= with autograd: Python's error
+    assert fast(h, torch.ones(1 << 18, requires_grad=True), S, None) is None  # pooled size: the general node
     with pytest.raises(TypeError, match="takes 4 arguments"):
         fast(h, x, S)  # type: ignore[call-arg]
     with pytest.raises(TypeError):
@@ -275,6 +280,27 @@ def test_allreduce_c_path_takes_only_what_python_would_accept() -> None:
         comm.Allreduce(x, S, out=torch.empty(4, dtype=torch.float64))
     with pytest.raises(TypeError, match="op must be an int"):
         comm.Allreduce(x, 1.0)  # type: ignore[arg-type]
+
+
+def test_allreduce_of_a_tensor_left_from_a_functorch_transform() -> None:
+    # a tensor that escaped torch.func.grad is a dead wrapper without storage;
+    # the autograd latency path unwraps it as Function.apply does
+    comm = mpiad.COMM_WORLD
+    leaked: list[torch.Tensor] = []
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        leaked.append(t)
+        return t.sum()
+
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    torch.func.grad(f)(x)
+    (w,) = leaked
+    with pytest.raises(RuntimeError, match="storage"):
+        w.data_ptr()
+    y = comm.Allreduce(w, mpiad.MPI_SUM)
+    assert type(y.grad_fn).__name__ == "AllreduceSmallBackward" and torch.equal(y.detach(), x.detach())
+    y.sum().backward()  # into the tensor the wrapper wrapped, as torch's own ops do
+    assert torch.equal(x.grad, torch.ones(2))
 
 
 def test_irecv_fills_the_tensor_passed_in() -> None:

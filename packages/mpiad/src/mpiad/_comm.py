@@ -19,7 +19,6 @@ from . import _functions as F
 from . import _handles, _mpiad, _nonblocking, _p2p
 from ._checks import (
     CODE,
-    VALID,
     check_axis,
     check_int,
     check_numelem,
@@ -40,7 +39,6 @@ Tensor = torch.Tensor
 _is_compiling = torch.compiler.is_compiling
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
-_grad_enabled = torch.is_grad_enabled
 _AllreduceSmall = F.AllreduceSmall
 _apply_small = F.apply_small
 _functorch_active = F.functorch_active
@@ -175,24 +173,20 @@ class Communicator:
             Unknown ``op``; ``out`` not matching, or used with autograd.
         """
         if not _debug.on and not _is_compiling():
-            # the latency paths. Without grad: checks, allocation and call in C
-            # (csrc/tensor_fast.hpp), None when the call is not one for it.
+            # the latency paths, checked in C (csrc/tensor_fast.hpp): the result
+            # without autograd; the dtype code for a call the autograd latency path
+            # takes (one AllreduceSmall node); None for anything else
             result = _allreduce_tensor(self._handle, tensor, op, out)
             if result is not None:
-                return result
-            # With autograd: one graph node that allocates and calls the native entry.
-            if (
-                out is None
-                and type(op) is int
-                and (type(tensor) is _Tensor or type(tensor) is _Parameter)
-                and tensor.requires_grad
-                and _grad_enabled()
-            ):
-                code = VALID.get((op, tensor.dtype))
-                if code is not None and tensor.is_cpu and tensor.is_contiguous() and tensor.nbytes < POOL_MIN_BYTES:
-                    if _functorch_active():
-                        return _AllreduceSmall.apply(tensor, self, op, code)
-                    return _apply_small(_unwrap_if_dead(tensor), self, op, code)
+                if type(result) is not int:
+                    return result
+                if _functorch_active():
+                    return _AllreduceSmall.apply(tensor, self, op, result)
+                try:
+                    tensor.data_ptr()
+                except RuntimeError:  # no storage: a functorch wrapper left from a transform
+                    tensor = _unwrap_if_dead(tensor)  # (what Function.apply would do)
+                return _apply_small(tensor, self, op, result)
         t = check_tensor(tensor)
         op = check_op(op, t)
         if out is not None:
