@@ -163,8 +163,8 @@ inline void Engine::process_intents(int w, Outbox& ob) {
 /// Intents that ended: replicas are dropped (their updates flushed to the
 /// owner), and the home hears of the drops of intents it was told of. While
 /// intent does not pay (ledger.hpp) a drop of a key the ledger held back
-/// (`gated` and not a probe key) says so (pos = 1): the home moves the key
-/// back (home_intent).
+/// (`gated`, not a probe key, not localized here) says so (pos = 1): the home
+/// moves the key back (home_intent).
 inline void Engine::drop_intents(const std::vector<int64_t>& drop, const std::vector<uint8_t>& gated,
                                  Outbox& ob) {
   std::map<int, Builder> flushes;  // per hinted owner: the updates of dropped replicas
@@ -179,7 +179,8 @@ inline void Engine::drop_intents(const std::vector<int64_t>& drop, const std::ve
       m.flags &= static_cast<uint8_t>(~F_UNTOLD);
     } else {
       told.push_back(k);
-      stay.push_back(paused && gated[i] && !IntentLedger::probe(k));
+      // (a key localize() put here stays: localize is an explicit placement)
+      stay.push_back(paused && gated[i] && !IntentLedger::probe(k) && !m.localized);
     }
     release_replica(m, k, flushes);
   }

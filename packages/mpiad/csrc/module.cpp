@@ -221,6 +221,7 @@ PyObject* allreduce_tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return raise_from(std::current_exception());
   }
   if (!run_allreduce(c, call.send, call.recv, call.nbytes, call.dtype, call.op, call.reduction)) return nullptr;
+  if (args[3] != Py_None && !mpiad::TensorApi::get().bump_version(args[3])) return nullptr;
   return result.release().ptr();
 }
 
@@ -324,15 +325,17 @@ PYBIND11_MODULE(_mpiad, m) {
       py::reinterpret_steal<py::object>(PyCFunction_NewEx(&g_allreduce_fast_def, nullptr, m.attr("__name__").ptr()));
   m.attr("allreduce_tensor") =
       py::reinterpret_steal<py::object>(PyCFunction_NewEx(&g_allreduce_tensor_def, nullptr, m.attr("__name__").ptr()));
-  m.def("init_tensor_fast", [](py::object tensor, py::object parameter, py::object grad_enabled, py::object empty_like,
-                               py::object new_output, py::object codes, int64_t pool_min_bytes) {
-    if (!mpiad::TensorApi::get().init(tensor.ptr(), parameter.ptr(), grad_enabled.ptr(), empty_like.ptr(),
-                                      new_output.ptr(), codes.ptr(), pool_min_bytes))
+  m.def("init_tensor_fast", [](py::object tensor, py::object parameter, py::object grad_enabled,
+                               py::object increment_version, py::object empty_like, py::object new_output,
+                               py::object codes, int64_t pool_min_bytes) {
+    if (!mpiad::TensorApi::get().init(tensor.ptr(), parameter.ptr(), grad_enabled.ptr(), increment_version.ptr(),
+                                      empty_like.ptr(), new_output.ptr(), codes.ptr(), pool_min_bytes))
       throw py::error_already_set();
     return mpiad::TensorApi::get().ready;
-  }, "Give allreduce_tensor torch's Tensor and Parameter types, torch.is_grad_enabled, torch.empty_like, the "
-     "pool's new_output (outputs from pool_min_bytes on) and {dtype: code}; returns whether the fast path is on "
-     "(whether torch's tensor attributes are C descriptors). Called once, by mpiad._comm.");
+  }, "Give allreduce_tensor torch's Tensor and Parameter types, torch.is_grad_enabled, "
+     "torch._C._increment_version, torch.empty_like, the pool's new_output (outputs from pool_min_bytes on) and "
+     "{dtype: code}; returns whether the fast path is on (whether torch's tensor attributes are C descriptors). "
+     "Called once, by mpiad._comm.");
 
   // --- blocking calls
   m.def("reduce", [](uintptr_t h, uintptr_t send, uintptr_t recv, int64_t count, int64_t dtype, int64_t op,

@@ -10,11 +10,13 @@
 // Its answer is one of three. "Done" (the result) for a call without autograd.
 // "One for the autograd latency path" (the dtype code) for a call that needs
 // autograd and passes the same checks; Python then records one AllreduceSmall
-// node. "Not mine" (None) for anything but an exact torch.Tensor/Parameter on
-// the CPU, contiguous, with a valid (op, dtype) pair other than MINLOC/MAXLOC
-// and a matching `out`. "Not mine" comes before anything is touched, and the
-// Python path (with its full checks and error messages) takes over, so the
-// paths cannot disagree on what is accepted.
+// node. "Not mine" (None) for anything but an exact torch.Tensor/Parameter
+// whose memory holds its values as MPI sees them (CPU, contiguous, dense, not
+// nested, no lazy conjugate/negative bit), with a valid (op, dtype) pair other
+// than MINLOC/MAXLOC, and a matching `out` that does not partly overlap it.
+// "Not mine" comes before any memory is touched, and the Python path (with its
+// full checks and error messages) takes over, so the paths cannot disagree on
+// what is accepted. Writing into `out=` bumps its version counter.
 #pragma once
 
 #include <Python.h>
@@ -25,22 +27,29 @@
 
 namespace mpiad {
 
-/// What the fast path needs from torch, borrowed from the module state (kept
-/// alive by references taken in `init`).
+/// What the fast path needs from torch (references taken in `init`, kept for
+/// the life of the process).
 struct TensorApi {
   PyTypeObject* tensor = nullptr;     // torch.Tensor
   PyTypeObject* parameter = nullptr;  // torch.nn.Parameter
-  PyObject* dtype = nullptr;          // getset descriptors of TensorBase
+  // getset descriptors of TensorBase
+  PyObject* dtype = nullptr;
   PyObject* is_cpu = nullptr;
   PyObject* requires_grad = nullptr;
   PyObject* nbytes = nullptr;
   PyObject* shape = nullptr;
-  PyObject* is_contiguous = nullptr;  // method descriptors of TensorBase
+  PyObject* is_nested = nullptr;
+  // method descriptors of TensorBase
+  PyObject* is_contiguous = nullptr;
+  PyObject* is_conj = nullptr;
+  PyObject* is_neg = nullptr;
   PyObject* data_ptr = nullptr;
-  PyObject* grad_enabled = nullptr;   // torch.is_grad_enabled
-  PyObject* empty_like = nullptr;     // torch.empty_like
-  PyObject* new_output = nullptr;     // mpiad._pool.new_output (large outputs)
-  PyObject* codes = nullptr;          // {torch.dtype: distkit dtype code}
+  // functions and constants
+  PyObject* grad_enabled = nullptr;       // torch.is_grad_enabled
+  PyObject* increment_version = nullptr;  // torch._C._increment_version (takes a sequence)
+  PyObject* empty_like = nullptr;         // torch.empty_like
+  PyObject* new_output = nullptr;         // mpiad._pool.new_output (large outputs)
+  PyObject* codes = nullptr;              // {torch.dtype: distkit dtype code}
   int64_t pool_min_bytes = 0;
   bool ready = false;
 
@@ -52,40 +61,41 @@ struct TensorApi {
   /// Look the descriptors up on torch.Tensor; any of them not a plain C
   /// descriptor (a torch release that moved it to Python) leaves the fast path
   /// off, and every call goes the Python way.
-  bool init(PyObject* tensor_type, PyObject* parameter_type, PyObject* grad_enabled_fn, PyObject* empty_like_fn,
-            PyObject* new_output_fn, PyObject* dtype_codes, int64_t pool_min) {
+  bool init(PyObject* tensor_type, PyObject* parameter_type, PyObject* grad_enabled_fn,
+            PyObject* increment_version_fn, PyObject* empty_like_fn, PyObject* new_output_fn, PyObject* dtype_codes,
+            int64_t pool_min) {
     if (ready) return true;  // once per process: the first call's objects stay
     if (!PyType_Check(tensor_type) || !PyType_Check(parameter_type) || !PyCallable_Check(grad_enabled_fn) ||
-        !PyCallable_Check(empty_like_fn) || !PyCallable_Check(new_output_fn) || !PyDict_Check(dtype_codes)) {
+        !PyCallable_Check(increment_version_fn) || !PyCallable_Check(empty_like_fn) ||
+        !PyCallable_Check(new_output_fn) || !PyDict_Check(dtype_codes)) {
       PyErr_SetString(PyExc_TypeError,
-                      "init_tensor_fast(Tensor, Parameter, is_grad_enabled, empty_like, new_output, codes, pool_min)");
+                      "init_tensor_fast(Tensor, Parameter, is_grad_enabled, _increment_version, empty_like, "
+                      "new_output, codes, pool_min)");
       return false;
     }
-    PyObject* getsets[5] = {};
-    PyObject* methods[2] = {};
-    const char* getset_names[5] = {"dtype", "is_cpu", "requires_grad", "nbytes", "shape"};
-    const char* method_names[2] = {"is_contiguous", "data_ptr"};
+    constexpr int kGetsets = 6, kMethods = 4;
+    const char* getset_names[kGetsets] = {"dtype", "is_cpu", "requires_grad", "nbytes", "shape", "is_nested"};
+    const char* method_names[kMethods] = {"is_contiguous", "is_conj", "is_neg", "data_ptr"};
+    PyObject* getsets[kGetsets] = {};
+    PyObject* methods[kMethods] = {};
     bool ok = true;
-    for (int i = 0; i < 5; ++i) {
+    for (int i = 0; ok && i < kGetsets; ++i) {
       getsets[i] = PyObject_GetAttrString(tensor_type, getset_names[i]);
-      ok = ok && getsets[i] != nullptr && Py_TYPE(getsets[i]) == &PyGetSetDescr_Type;
+      ok = getsets[i] != nullptr && Py_TYPE(getsets[i]) == &PyGetSetDescr_Type;
     }
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; ok && i < kMethods; ++i) {
       methods[i] = PyObject_GetAttrString(tensor_type, method_names[i]);
-      ok = ok && methods[i] != nullptr && Py_TYPE(methods[i]) == &PyMethodDescr_Type;
+      ok = methods[i] != nullptr && Py_TYPE(methods[i]) == &PyMethodDescr_Type;
     }
-    PyErr_Clear();
     if (!ok) {
+      PyErr_Clear();
       for (PyObject* o : getsets) Py_XDECREF(o);
       for (PyObject* o : methods) Py_XDECREF(o);
       return true;  // not an error: the Python path serves every call
     }
-    Py_INCREF(tensor_type);
-    Py_INCREF(parameter_type);
-    Py_INCREF(grad_enabled_fn);
-    Py_INCREF(empty_like_fn);
-    Py_INCREF(new_output_fn);
-    Py_INCREF(dtype_codes);
+    for (PyObject* o : {tensor_type, parameter_type, grad_enabled_fn, increment_version_fn, empty_like_fn,
+                        new_output_fn, dtype_codes})
+      Py_INCREF(o);
     tensor = reinterpret_cast<PyTypeObject*>(tensor_type);
     parameter = reinterpret_cast<PyTypeObject*>(parameter_type);
     dtype = getsets[0];
@@ -93,9 +103,13 @@ struct TensorApi {
     requires_grad = getsets[2];
     nbytes = getsets[3];
     shape = getsets[4];
+    is_nested = getsets[5];
     is_contiguous = methods[0];
-    data_ptr = methods[1];
+    is_conj = methods[1];
+    is_neg = methods[2];
+    data_ptr = methods[3];
     grad_enabled = grad_enabled_fn;
+    increment_version = increment_version_fn;
     empty_like = empty_like_fn;
     new_output = new_output_fn;
     codes = dtype_codes;
@@ -119,6 +133,50 @@ struct TensorApi {
     const int v = o == Py_True ? 1 : 0;
     Py_DECREF(o);
     return v;
+  }
+
+  /// `t.<method>()` as a flag, where torch raising means "not a tensor for this
+  /// path" (is_contiguous() of a sparse compressed tensor, data_ptr() of an
+  /// mkldnn one): 0, and the Python path names the problem.
+  static int flag_or_not_mine(PyObject* descr, PyObject* t) {
+    PyObject* o = call(descr, t);
+    if (o == nullptr) {
+      PyErr_Clear();
+      return 0;
+    }
+    return flag(o);
+  }
+
+  /// 1 when `t`'s memory holds its values as MPI reads and writes them: on the
+  /// CPU, contiguous, not nested, no lazy negative bit and, for complex dtypes,
+  /// no lazy conjugate bit; 0 when not; -1 with an exception set. (Layouts other
+  /// than strided are not contiguous, or torch raises for them here or in
+  /// data_ptr(): no layout read needed on this path.)
+  int plain_cpu(PyObject* t, bool complex) const {
+    int f = flag(get(is_cpu, t));
+    if (f != 1) return f;
+    f = flag_or_not_mine(is_contiguous, t);
+    if (f != 1) return f;
+    f = flag(get(is_nested, t));
+    if (f != 0) return f < 0 ? -1 : 0;
+    f = flag(call(is_neg, t));
+    if (f != 0) return f < 0 ? -1 : 0;
+    if (!complex) return 1;
+    f = flag(call(is_conj, t));
+    return f < 0 ? -1 : 1 - f;
+  }
+
+  /// Bump `t`'s autograd version counter, as torch's own in-place and out= ops
+  /// do: a tensor autograd saved and MPI then overwrote is reported by backward
+  /// instead of used silently. False with an exception set.
+  bool bump_version(PyObject* t) const {
+    PyObject* one = PyTuple_Pack(1, t);
+    if (one == nullptr) return false;
+    PyObject* r = PyObject_Vectorcall(increment_version, &one, 1, nullptr);
+    Py_DECREF(one);
+    if (r == nullptr) return false;
+    Py_DECREF(r);
+    return true;
   }
 };
 
@@ -164,23 +222,17 @@ inline int prepare_allreduce(PyObject* t, PyObject* op_obj, PyObject* out, Tenso
   if (!api.ready || !api.exact(t) || !PyLong_CheckExact(op_obj)) return kNotMine;
   // autograd: requires_grad with grad mode on
   int f = TensorApi::flag(TensorApi::get(api.requires_grad, t));
+  const bool requires_grad = f == 1;
   if (f == 1) f = TensorApi::flag(PyObject_CallNoArgs(api.grad_enabled));
   if (f < 0) return kRaised;
   const bool autograd = f == 1;
-  if (autograd && out != Py_None) return kNotMine;  // (Python's error: out= has no autograd)
-  // on the CPU, contiguous
-  f = TensorApi::flag(TensorApi::get(api.is_cpu, t));
-  if (f != 1) return f;
-  f = TensorApi::flag(TensorApi::call(api.is_contiguous, t));
-  if (f != 1) return f;
+  // (Python's errors: out= has no autograd, and an `out` may not require grad)
+  if ((autograd && out != Py_None) || (out == t && requires_grad)) return kNotMine;
 
   Ref dtype(TensorApi::get(api.dtype, t));
   if (dtype.p == nullptr) return kRaised;
   PyObject* code_obj = PyDict_GetItemWithError(api.codes, dtype.p);  // borrowed
   if (code_obj == nullptr) return PyErr_Occurred() ? kRaised : kNotMine;
-  Ref nbytes_obj(TensorApi::get(api.nbytes, t));
-  if (nbytes_obj.p == nullptr) return kRaised;
-  call->nbytes = PyLong_AsLongLong(nbytes_obj.p);
   const long long code = PyLong_AsLongLong(code_obj);
   call->op = PyLong_AsLongLong(op_obj);
   if (PyErr_Occurred()) {  // an op beyond int64: the Python path names the problem
@@ -188,8 +240,20 @@ inline int prepare_allreduce(PyObject* t, PyObject* op_obj, PyObject* out, Tenso
     return kNotMine;
   }
   if (is_loc(call->op)) return kNotMine;  // MINLOC/MAXLOC also need the Python shape check (pairs)
+  bool complex = false;
   try {
     call->dtype = distkit::dtype_from_code(code);
+    complex = distkit::is_complex(call->dtype);
+  } catch (...) {
+    return kNotMine;
+  }
+  f = api.plain_cpu(t, complex);
+  if (f != 1) return f;
+  Ref nbytes_obj(TensorApi::get(api.nbytes, t));
+  if (nbytes_obj.p == nullptr) return kRaised;
+  call->nbytes = PyLong_AsLongLong(nbytes_obj.p);
+  if (PyErr_Occurred()) return kRaised;
+  try {
     call->reduction = reduction(call->op, call->dtype, call->nbytes);
   } catch (...) {  // (op, dtype) not a valid pair: the Python path raises the error
     return kNotMine;
@@ -204,9 +268,7 @@ inline int prepare_allreduce(PyObject* t, PyObject* op_obj, PyObject* out, Tenso
     if (!api.exact(out)) return kNotMine;
     f = TensorApi::flag(TensorApi::get(api.requires_grad, out));
     if (f != 0) return f < 0 ? kRaised : kNotMine;
-    f = TensorApi::flag(TensorApi::get(api.is_cpu, out));
-    if (f != 1) return f;
-    f = TensorApi::flag(TensorApi::call(api.is_contiguous, out));
+    f = api.plain_cpu(out, complex);
     if (f != 1) return f;
     Ref out_dtype(TensorApi::get(api.dtype, out));
     if (out_dtype.p == nullptr) return kRaised;
@@ -227,12 +289,22 @@ inline int prepare_allreduce(PyObject* t, PyObject* op_obj, PyObject* out, Tenso
     result.p = out;
   }
   Ref send(TensorApi::call(api.data_ptr, t));
-  if (send.p == nullptr) return kRaised;
-  Ref recv(TensorApi::call(api.data_ptr, result.p));
-  if (recv.p == nullptr) return kRaised;
+  Ref recv(send.p ? TensorApi::call(api.data_ptr, result.p) : nullptr);
+  if (send.p == nullptr || recv.p == nullptr) {  // (no data pointer to give: an mkldnn tensor, a wrapper)
+    PyErr_Clear();
+    return kNotMine;
+  }
   call->send = PyLong_AsUnsignedLongLong(send.p);
   call->recv = PyLong_AsUnsignedLongLong(recv.p);
   if (PyErr_Occurred()) return kRaised;
+  const uintptr_t n = static_cast<uintptr_t>(call->nbytes);
+  if (n > 0) {
+    // no memory behind elements (a storage resized to 0, as FSDP frees
+    // parameters), or an `out` overlapping the input without being it (MPI
+    // forbids aliased buffers): Python's errors
+    if (call->send == 0 || call->recv == 0) return kNotMine;
+    if (call->send != call->recv && call->send < call->recv + n && call->recv < call->send + n) return kNotMine;
+  }
   call->result = result.release();
   return kReady;
 }

@@ -206,6 +206,7 @@ def test_allreduce_c_path_takes_only_what_python_would_accept() -> None:
     None and leaves it to the Python path: every case that is not a plain no-grad
     call on a contiguous CPU tensor must come back None, untouched."""
     import sys
+    import warnings
 
     from mpiad import _checks, _comm, _mpiad
 
@@ -253,12 +254,25 @@ def test_allreduce_c_path_takes_only_what_python_would_accept() -> None:
         (x, S, torch.empty(4).as_subclass(Sub)),
         (x, S, torch.empty(4, device="meta")),
         (x, S, "out"),
+        (torch.tensor([1 + 2j, 3 - 1j]).conj(), S, None),  # lazy conjugate: MPI would read the raw values
+        (torch.tensor([1 + 2j, 3 - 1j]).conj().imag, S, None),  # lazy negative
+        (x, S, torch.tensor([1 + 2j]).conj()),
+        (torch.arange(2.0, requires_grad=True), S, "self"),  # in place on a tensor that requires grad
+        (torch.arange(8.0), S, "overlap"),  # out partly overlaps the input
+        (x.to_sparse(), S, None),
     ]
+    with torch.no_grad():
+        t_nograd = torch.arange(2.0, requires_grad=True)
+        assert fast(h, t_nograd, S, t_nograd) is None  # Python raises: an out that requires grad
     for t, op, o in not_mine:
-        if isinstance(o, torch.Tensor) and o.device.type == "cpu" and not o.requires_grad:
+        if o == "self":
+            o = t
+        elif o == "overlap":
+            t, o = t[:4], t[2:6]
+        if isinstance(o, torch.Tensor) and o.device.type == "cpu" and not o.requires_grad and not o.is_conj():
             o.fill_(-7.0)
         assert fast(h, t, op, o) is None, (t, op, o)
-        if isinstance(o, torch.Tensor) and o.device.type == "cpu" and not o.requires_grad:
+        if isinstance(o, torch.Tensor) and o.device.type == "cpu" and not o.requires_grad and not o.is_conj():
             assert bool((o == -7.0).all()), "a refused out= was written"
     # a call needing autograd is answered with its dtype code (the autograd latency path)
     xg = torch.arange(4.0, requires_grad=True)
@@ -276,6 +290,40 @@ def test_allreduce_c_path_takes_only_what_python_would_accept() -> None:
         fast(MPI.COMM_NULL.handle, x, S, None)
     # and the public method answers the refused cases as before
     assert torch.equal(comm.Allreduce(nc, S), nc)
+    z = torch.tensor([1 + 2j, 3 - 1j])
+    assert torch.equal(comm.Allreduce(z.conj(), S), z.conj().resolve_conj())  # the values, not the raw memory
+    assert torch.equal(comm.Allreduce(z.conj().imag, S), torch.tensor([-2.0, 1.0]))
+    zo = torch.empty(2, dtype=torch.complex64)
+    assert comm.Allreduce(z.conj(), S, out=zo) is zo and torch.equal(zo, z.conj().resolve_conj())
+    with pytest.raises(ValueError, match="lazy conjugate"):
+        comm.Allreduce(z, S, out=torch.empty(2, dtype=torch.complex64).conj())
+    base = torch.arange(8.0)
+    with pytest.raises(ValueError, match="overlaps the input"):
+        comm.Allreduce(base[:4], S, out=base[2:6])
+    with pytest.raises(TypeError, match="dense"):
+        comm.Allreduce(x.to_sparse(), S)
+    with warnings.catch_warnings():  # (torch: strided-layout nested tensors are a prototype)
+        warnings.simplefilter("ignore", UserWarning)
+        nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    assert type(nested) is torch.Tensor and fast(h, nested, S, None) is None
+    with pytest.raises(TypeError, match="nested"):
+        comm.Allreduce(nested, S)
+    freed = torch.ones(4)
+    freed.untyped_storage().resize_(0)  # as FSDP frees a parameter
+    assert fast(h, freed, S, None) is None
+    with pytest.raises(ValueError, match="no memory"):
+        comm.Allreduce(freed, S)
+    with torch.device("meta"):  # a default-device context: the outputs are still CPU tensors
+        assert comm.Allreduce(big, S).device.type == "cpu" and comm.Allreduce(x, S).device.type == "cpu"
+    # writing into out= bumps its version, so autograd reports a saved tensor that MPI overwrote
+    w = torch.ones(4, requires_grad=True)
+    saved = torch.ones(4)
+    loss = (w * saved).sum()  # autograd saves `saved`
+    v0 = saved._version
+    comm.Allreduce(x, S, out=saved)
+    assert saved._version > v0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
     with pytest.raises(ValueError, match="out must be"):
         comm.Allreduce(x, S, out=torch.empty(4, dtype=torch.float64))
     with pytest.raises(TypeError, match="op must be an int"):

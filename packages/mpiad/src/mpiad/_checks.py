@@ -45,11 +45,22 @@ def dtype_code(t: Tensor, name: str = "tensor") -> int:
 def check_tensor(t: Any, name: str = "tensor") -> Tensor:
     """TypeError unless ``t`` is a strided CPU/CUDA tensor of a supported dtype."""
     CHECKS.tensor(t, name)
-    if t.layout != torch.strided:
-        raise MpiadTypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+    if t.layout != torch.strided or t.is_nested:
+        kind = "nested" if t.is_nested else t.layout
+        raise MpiadTypeError(f"{name} must be a dense (strided) tensor, got a {kind} tensor")
     if not (t.is_cpu or t.is_cuda):  # (meta tensors have no memory for MPI)
         raise MpiadValueError(f"{name} must live on the CPU or a CUDA device, got {t.device}")
     dtype_code(t, name)
+    if t.numel() and not torch.compiler.is_compiling():  # (traced tensors have no memory yet)
+        try:
+            ptr = t.data_ptr()
+        except RuntimeError:  # a functorch wrapper: its inner tensor is checked when unwrapped
+            ptr = None
+        if ptr == 0:
+            raise MpiadValueError(
+                f"{name} has {t.numel()} elements but no memory (its storage was resized to 0, "
+                "as FSDP does with freed parameters)"
+            )
     return t
 
 

@@ -33,6 +33,7 @@ from ._errors import MpiadTypeError, MpiadValueError
 from ._handles import WaitHandle
 from ._pool import POOL_MIN_BYTES, new_output
 from ._signatures import OP_ALLREDUCE, debug_check
+from ._staging import to_mpi
 
 Tensor = torch.Tensor
 
@@ -48,7 +49,14 @@ _allreduce_tensor = _mpiad.allreduce_tensor
 #: whether the C latency path is on (False only where a torch release defines a
 #: tensor attribute it reads in Python; every call then takes the Python path)
 TENSOR_FAST_PATH: bool = _mpiad.init_tensor_fast(
-    _Tensor, _Parameter, torch.is_grad_enabled, torch.empty_like, new_output, CODE, POOL_MIN_BYTES
+    _Tensor,
+    _Parameter,
+    torch.is_grad_enabled,
+    torch._C._increment_version,
+    torch.empty_like,
+    new_output,
+    CODE,
+    POOL_MIN_BYTES,
 )
 
 
@@ -60,12 +68,20 @@ def _check_out(out: Any, t: Tensor) -> None:
     if not (
         isinstance(out, torch.Tensor)
         and out.is_cpu
+        and out.layout == torch.strided
+        and not out.is_nested
         and out.is_contiguous()
         and out.dtype == t.dtype
         and out.shape == t.shape
         and not out.requires_grad
     ):
         raise MpiadValueError("out must be a contiguous CPU tensor of the input's shape and dtype, without grad")
+    if out.is_conj() or out.is_neg():
+        raise MpiadValueError("out must hold its own values, not a lazy conjugate or negative view (resolve_conj())")
+    if out is not t and out.nbytes and t.is_cpu:
+        a, b, n = t.data_ptr(), out.data_ptr(), t.nbytes
+        if a != b and a < b + n and b < a + n:
+            raise MpiadValueError("out overlaps the input without being it (MPI forbids partly aliased buffers)")
 
 
 def _compiled_handle(t: Tensor, result: Tensor) -> WaitHandle:
@@ -194,7 +210,9 @@ class Communicator:
                 raise MpiadValueError("out= is only supported for contiguous CPU tensors that do not require grad")
             _check_out(out, t)
             debug_check(self._handle, OP_ALLREDUCE, t, op)
-            _allreduce_fast(self._handle, t.data_ptr(), out.data_ptr(), t.nbytes, _code(t), op)
+            x = to_mpi(t)  # (values of a lazy conjugate/negative view)
+            _allreduce_fast(self._handle, x.data_ptr(), out.data_ptr(), t.nbytes, _code(t), op)
+            torch.autograd.graph.increment_version(out)  # as torch's out= ops do
             return out
         if _is_compiling():
             return torch.ops.mpiad.allreduce(t, self._handle, op)

@@ -105,6 +105,8 @@ class AllreduceSmall(torch.autograd.Function):
             and not g.requires_grad
             and g.is_cpu
             and g.is_contiguous()
+            and not g.is_conj()  # (autograd may hand a lazily conjugated gradient)
+            and not g.is_neg()
             and not _debug.on
             and CODE.get(g.dtype) == code
         ):

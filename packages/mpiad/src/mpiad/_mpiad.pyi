@@ -45,6 +45,7 @@ def init_tensor_fast(
     tensor: type,
     parameter: type,
     grad_enabled: Callable[[], bool],
+    increment_version: Callable[..., Any],
     empty_like: Callable[..., Any],
     new_output: Callable[..., Any],
     codes: dict[Any, int],

@@ -34,21 +34,21 @@ def _alias(st: torch.UntypedStorage, like: Tensor) -> Tensor:
     for d in reversed(like.shape):
         strides.append(acc)
         acc *= d
-    return torch.empty(0, dtype=like.dtype).set_(st, 0, like.shape, strides[::-1])
+    return torch.empty(0, dtype=like.dtype, device="cpu").set_(st, 0, like.shape, strides[::-1])
 
 
 def new_output(like: Tensor) -> Tensor:
     """An uninitialised contiguous CPU tensor shaped like ``like`` (pooled when large)."""
     nbytes = like.numel() * like.element_size()
     if nbytes < POOL_MIN_BYTES or _use_count is None or _pool_limit <= 0:
-        return torch.empty(like.shape, dtype=like.dtype)
+        return torch.empty(like.shape, dtype=like.dtype, device="cpu")
     global _pool_bytes
     bufs = _pool.setdefault(nbytes, [])
     for b in bufs:
         st = b.untyped_storage()
         if _use_count(st._cdata) == 2:  # the pool's own tensor + `st`: nobody else
             return _alias(st, like)
-    b = torch.empty(nbytes, dtype=torch.uint8)
+    b = torch.empty(nbytes, dtype=torch.uint8, device="cpu")  # (not a torch.device context's)
     if len(bufs) < 2 and _pool_bytes + nbytes <= _pool_limit:
         bufs.append(b)
         _pool_bytes += nbytes

@@ -49,8 +49,11 @@ def to_mpi(t: Tensor) -> Tensor:
     """A contiguous tensor whose memory MPI may read: ``t`` itself when possible.
 
     CUDA tensors go to pinned host memory unless the MPI is CUDA-aware; the
-    current stream is synchronised first so the data is complete.
+    current stream is synchronised first so the data is complete. A lazy
+    conjugate or negative view is resolved first: MPI reads raw memory.
     """
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
     if t.is_cuda:
         if not cuda_aware():
             host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
