@@ -59,6 +59,7 @@ enum Technique : int { T_ALL = 0, T_REPL_ONLY = 1, T_RELOC_ONLY = 2, T_NONE = 3 
 enum CmdType : int32_t {
   C_ROUTE = 100,  // send a pull/push/set (`op`) of keys held elsewhere to their owners
   C_LOCALIZE,     // relocate keys here now
+  C_LOCALIZED,    // keys localize() found here already: mark them localized (the mark is the progress thread's)
   C_INTENT,       // an intent window [a, b) of a worker
   C_CLOCK,        // a worker advanced its clock to a: activate intents, maybe refresh replicas
   C_SYNC,         // wait_sync: a sync round; done when every internal operation finished
@@ -664,10 +665,11 @@ inline int64_t Engine::localize(int worker, const int64_t* keys, int64_t n) {
   std::vector<int64_t> u(keys, keys + n);
   std::sort(u.begin(), u.end());
   u.erase(std::unique(u.begin(), u.end()), u.end());
-  Cmd c;
+  Cmd c, here;
   c.type = C_LOCALIZE;
-  for (int64_t k : u)
-    if (key_state(k) != OWNED) c.keys.push_back(k);
+  here.type = C_LOCALIZED;
+  for (int64_t k : u) (key_state(k) != OWNED ? c.keys : here.keys).push_back(k);
+  if (!here.keys.empty()) post(std::move(here));  // (before the move: one queue, in order)
   if (c.keys.empty()) return -1;
   const int64_t todo = static_cast<int64_t>(c.keys.size());
   return submit(std::move(c), todo, worker);

@@ -117,6 +117,12 @@ inline void Engine::handle_cmd(Cmd& c) {
     case C_LOCALIZE:
       start_localize(c.keys, c.ts, ob);
       break;
+    case C_LOCALIZED:
+      for (int64_t k : c.keys) {
+        Meta& m = meta_[k];
+        if (m.state == OWNED) m.localized = 1;  // (a key taken away since keeps no mark)
+      }
+      break;
     case C_INTENT:
       pending_intents_[c.worker].insert({c.a, IntentEntry{c.a, c.b, std::move(c.keys)}});
       // at once if the next intent round would come too late for it (intent.hpp)

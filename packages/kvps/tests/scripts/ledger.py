@@ -8,8 +8,9 @@ Checks:
   * keys this rank's intents had moved here (recurring keys, not probe keys)
     go back to their homes once their intents end while intent is paused;
   * a window of several clocks still moves its keys while intent is paused;
-  * keys localized while intent is paused stay where they were localized
-    (the sweep that sends home what no intent wants leaves them);
+  * keys localized while intent is paused stay where they were localized:
+    the sweep that sends home what no intent wants leaves them, and so does
+    the paused drop of a one-clock intent told before the pause;
   * when the workload turns to keys that recur (each rank its own, used every
     clock), the probe keys show the gain and intent resumes on both ranks; from
     then on those keys are local;
@@ -90,6 +91,12 @@ plan = [np.union1d(mine, foreign(300)) for _ in range(CLOCKS)]
 c0 = w.current_clock()
 for i in range(AHEAD):
     w.intent(plan[i], c0 + i, c0 + i + 1)
+# one-clock intents signalled now, while intent is on, for clocks after the pause: their
+# keys are told to the home when the windows take effect, and their drops come while paused
+later = {c0 + 140 + 40 * j: foreign(20, probes=False) for j in range(6)}
+for start, ks in later.items():
+    w.intent(ks, start, start + 1)
+    w.intent(ks, start + 1, start + 2)  # back to back: the key recurs, so it moves here
 s.barrier()
 run(plan, 0, 16)  # intent on (the ledger has not judged yet): the recurring keys move here
 w.wait_sync()
@@ -147,6 +154,27 @@ assert not any(s._engine.key_state(int(k)) == OWNED for k in long), "the sweep d
 swept = [int(k) for k in loc if s._engine.key_state(int(k)) != OWNED]
 assert not swept, f"rank {rank}: the paused ledger's sweep sent {len(swept)} localized keys home"
 assert use(loc) == -1, "localized keys were not local"
+
+# paused: a key that a told one-clock intent moved here and the application then
+# localized stays here when that intent ends (its drop does not send it home)
+now = w.current_clock()
+start = min(c for c in later if c >= now + AHEAD + 2)
+ks = later[start]
+while w.current_clock() < start:
+    w.advance_clock()
+    w.wait_sync()
+s.barrier()
+w.wait_sync()
+assert all(s._engine.key_state(int(k)) == OWNED for k in ks), "the told intents did not move their keys here"
+w.wait(w.localize(ks))
+for _ in range(2 + AHEAD + 2):  # past the windows' end: the drops reach the homes
+    w.advance_clock()
+    w.wait_sync()
+s.barrier()
+w.wait_sync()
+assert s.stats()["intent_all_keys"] == 0
+gone = [int(k) for k in ks if s._engine.key_state(int(k)) != OWNED]
+assert not gone, f"rank {rank}: the paused drop of a told intent sent {len(gone)} localized keys home"
 s.barrier()
 
 # ------------------------------------------------- phase 2: intent resumes
