@@ -174,7 +174,8 @@ class Communicator:
         out : torch.Tensor, optional
             (mpiad extension, no autograd) a contiguous CPU tensor of the same
             shape and dtype to write the result into, instead of a new tensor;
-            may be ``tensor`` itself (MPI_IN_PLACE).
+            may be ``tensor`` itself (MPI_IN_PLACE), but not partly overlap it.
+            Its autograd version counter is bumped, as by torch's ``out=`` ops.
 
         Returns
         -------
