@@ -80,6 +80,11 @@ def emit(name: str, ratio: float, goal: str, met: bool, **detail: object) -> Non
         print("BENCH " + json.dumps(row), flush=True)
 
 
+def goal_row(name: str, r: tuple[float, float, float], limit: float, **detail: object) -> None:
+    """A row with a goal `<= limit` from ratio()'s (median, lower quartile, upper quartile)."""
+    emit(name, r[0], f"<= {limit:g}", r[0] <= limit, lo=r[1], hi=r[2], **detail)
+
+
 def iters_for(nbytes: int) -> int:
     return max(6, min(2000, (16 << 20) // max(nbytes, 1)))
 
@@ -257,62 +262,40 @@ def main() -> None:
             us.update({k: med(v) * 1e6 for k, v in goal.items()})  # the goal rows' times, as their ratios
             r, lo, hi = ratio(goal, "mpiad", "mpi4py")
             ra, _, _ = ratio(t, "mpiad", "mpi4py (new output)")
-            if nbytes >= 1 << 20:
-                emit(
-                    f"Allreduce {label} (new output tensor): mpiad / mpi4py (preallocated output)",
-                    r,
-                    "<= 1.05",
-                    r <= 1.05,
-                    lo=lo,
-                    hi=hi,
+            if nbytes >= 1 << 20 or nbytes == 8:
+                # the goal rows: mpiad's new output and its out= against mpi4py on preallocated buffers
+                small = nbytes == 8
+                limit = 2.0 if small else 1.05
+                new_kind, out_kind = (
+                    ("no grad, fast path, new output", "no grad, same output buffer, out=")
+                    if small
+                    else ("new output tensor", "same output buffer, out=")
+                )
+                goal_row(
+                    f"Allreduce {label} ({new_kind}): mpiad / mpi4py (preallocated output)",
+                    ratio(goal, "mpiad", "mpi4py"),
+                    limit,
                     vs_mpi4py_new_output=ra,
                     mpiad_us=us["mpiad"],
                     mpi4py_us=us["mpi4py"],
                 )
-                ro, olo, ohi = ratio(goal, "mpiad out=", "mpi4py")
-                rn, _, _ = ratio(t, "mpiad out=", "mpi4py (numpy output)")
-                emit(
-                    f"Allreduce {label} (same output buffer, out=): mpiad / mpi4py",
-                    ro,
-                    "<= 1.05",
-                    ro <= 1.05,
-                    lo=olo,
-                    hi=ohi,
-                    vs_mpi4py_numpy_output=rn,
+                numpy_out = (
+                    {} if small else {"vs_mpi4py_numpy_output": ratio(t, "mpiad out=", "mpi4py (numpy output)")[0]}
+                )
+                goal_row(
+                    f"Allreduce {label} ({out_kind}): mpiad / mpi4py",
+                    ratio(goal, "mpiad out=", "mpi4py"),
+                    limit,
                     mpiad_us=us["mpiad out="],
+                    **numpy_out,
                 )
-            elif nbytes == 8:
-                emit(
-                    f"Allreduce {label} (no grad, fast path, new output): mpiad / mpi4py (preallocated output)",
-                    r,
-                    "<= 2",
-                    r <= 2,
-                    lo=lo,
-                    hi=hi,
-                    vs_mpi4py_new_output=ra,
-                    mpiad_us=us["mpiad"],
-                    mpi4py_us=us["mpi4py"],
-                )
-                ro, olo, ohi = ratio(goal, "mpiad out=", "mpi4py")
-                emit(
-                    f"Allreduce {label} (no grad, same output buffer, out=): mpiad / mpi4py",
-                    ro,
-                    "<= 2",
-                    ro <= 2,
-                    lo=olo,
-                    hi=ohi,
-                    mpiad_us=us["mpiad out="],
-                )
-                ra, alo, ahi = ratio(t, "mpiad (autograd)", "mpi4py")
-                emit(
-                    f"Allreduce {label} (through autograd): mpiad / mpi4py",
-                    ra,
-                    "<= 6",
-                    ra <= 6,
-                    lo=alo,
-                    hi=ahi,
-                    mpiad_us=us["mpiad (autograd)"],
-                )
+                if small:
+                    goal_row(
+                        f"Allreduce {label} (through autograd): mpiad / mpi4py",
+                        ratio(t, "mpiad (autograd)", "mpi4py"),
+                        6.0,
+                        mpiad_us=us["mpiad (autograd)"],
+                    )
             else:
                 emit(f"Allreduce {label}: mpiad / mpi4py", r, "informational", True, lo=lo, hi=hi)
             if nbytes >= 32768:

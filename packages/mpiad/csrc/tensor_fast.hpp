@@ -20,6 +20,7 @@
 #pragma once
 
 #include <Python.h>
+#include <pybind11/pybind11.h>
 
 #include <cstdint>
 
@@ -180,19 +181,8 @@ struct TensorApi {
   }
 };
 
-/// Owns one new reference for the scope.
-struct Ref {
-  PyObject* p;
-  explicit Ref(PyObject* o) : p(o) {}
-  ~Ref() { Py_XDECREF(p); }
-  Ref(const Ref&) = delete;
-  Ref& operator=(const Ref&) = delete;
-  PyObject* release() {
-    PyObject* o = p;
-    p = nullptr;
-    return o;
-  }
-};
+/// One new reference, released at the end of the scope (pybind11's object).
+inline pybind11::object own(PyObject* o) { return pybind11::reinterpret_steal<pybind11::object>(o); }
 
 /// An Allreduce ready to run: the addresses, the result tensor (a new reference).
 struct TensorCall {
@@ -229,9 +219,9 @@ inline int prepare_allreduce(PyObject* t, PyObject* op_obj, PyObject* out, Tenso
   // (Python's errors: out= has no autograd, and an `out` may not require grad)
   if ((autograd && out != Py_None) || (out == t && requires_grad)) return kNotMine;
 
-  Ref dtype(TensorApi::get(api.dtype, t));
-  if (dtype.p == nullptr) return kRaised;
-  PyObject* code_obj = PyDict_GetItemWithError(api.codes, dtype.p);  // borrowed
+  const pybind11::object dtype = own(TensorApi::get(api.dtype, t));
+  if (!dtype) return kRaised;
+  PyObject* code_obj = PyDict_GetItemWithError(api.codes, dtype.ptr());  // borrowed
   if (code_obj == nullptr) return PyErr_Occurred() ? kRaised : kNotMine;
   const long long code = PyLong_AsLongLong(code_obj);
   call->op = PyLong_AsLongLong(op_obj);
@@ -249,9 +239,9 @@ inline int prepare_allreduce(PyObject* t, PyObject* op_obj, PyObject* out, Tenso
   }
   f = api.plain_cpu(t, complex);
   if (f != 1) return f;
-  Ref nbytes_obj(TensorApi::get(api.nbytes, t));
-  if (nbytes_obj.p == nullptr) return kRaised;
-  call->nbytes = PyLong_AsLongLong(nbytes_obj.p);
+  const pybind11::object nbytes_obj = own(TensorApi::get(api.nbytes, t));
+  if (!nbytes_obj) return kRaised;
+  call->nbytes = PyLong_AsLongLong(nbytes_obj.ptr());
   if (PyErr_Occurred()) return kRaised;
   try {
     call->reduction = reduction(call->op, call->dtype, call->nbytes);
@@ -270,32 +260,31 @@ inline int prepare_allreduce(PyObject* t, PyObject* op_obj, PyObject* out, Tenso
     if (f != 0) return f < 0 ? kRaised : kNotMine;
     f = api.plain_cpu(out, complex);
     if (f != 1) return f;
-    Ref out_dtype(TensorApi::get(api.dtype, out));
-    if (out_dtype.p == nullptr) return kRaised;
-    if (out_dtype.p != dtype.p) return kNotMine;  // torch.dtype objects are singletons
-    Ref s1(TensorApi::get(api.shape, t));
-    Ref s2(TensorApi::get(api.shape, out));
-    if (s1.p == nullptr || s2.p == nullptr) return kRaised;
-    const int same = PyObject_RichCompareBool(s1.p, s2.p, Py_EQ);
+    const pybind11::object out_dtype = own(TensorApi::get(api.dtype, out));
+    if (!out_dtype) return kRaised;
+    if (!out_dtype.is(dtype)) return kNotMine;  // torch.dtype objects are singletons
+    const pybind11::object s1 = own(TensorApi::get(api.shape, t));
+    const pybind11::object s2 = own(TensorApi::get(api.shape, out));
+    if (!s1 || !s2) return kRaised;
+    const int same = PyObject_RichCompareBool(s1.ptr(), s2.ptr(), Py_EQ);
     if (same != 1) return same;
   }
-  Ref result(nullptr);
+  pybind11::object result;
   if (out == Py_None) {
-    result.p = PyObject_Vectorcall(call->nbytes < api.pool_min_bytes ? api.empty_like : api.new_output, &t, 1,
-                                   nullptr);
-    if (result.p == nullptr) return kRaised;
+    result = own(PyObject_Vectorcall(call->nbytes < api.pool_min_bytes ? api.empty_like : api.new_output, &t, 1,
+                                     nullptr));
+    if (!result) return kRaised;
   } else {
-    Py_INCREF(out);
-    result.p = out;
+    result = pybind11::reinterpret_borrow<pybind11::object>(out);
   }
-  Ref send(TensorApi::call(api.data_ptr, t));
-  Ref recv(send.p ? TensorApi::call(api.data_ptr, result.p) : nullptr);
-  if (send.p == nullptr || recv.p == nullptr) {  // (no data pointer to give: an mkldnn tensor, a wrapper)
+  const pybind11::object send = own(TensorApi::call(api.data_ptr, t));
+  const pybind11::object recv = send ? own(TensorApi::call(api.data_ptr, result.ptr())) : pybind11::object();
+  if (!send || !recv) {  // (no data pointer to give: an mkldnn tensor, a wrapper)
     PyErr_Clear();
     return kNotMine;
   }
-  call->send = PyLong_AsUnsignedLongLong(send.p);
-  call->recv = PyLong_AsUnsignedLongLong(recv.p);
+  call->send = PyLong_AsUnsignedLongLong(send.ptr());
+  call->recv = PyLong_AsUnsignedLongLong(recv.ptr());
   if (PyErr_Occurred()) return kRaised;
   const uintptr_t n = static_cast<uintptr_t>(call->nbytes);
   if (n > 0) {
@@ -305,7 +294,7 @@ inline int prepare_allreduce(PyObject* t, PyObject* op_obj, PyObject* out, Tenso
     if (call->send == 0 || call->recv == 0) return kNotMine;
     if (call->send != call->recv && call->send < call->recv + n && call->recv < call->send + n) return kNotMine;
   }
-  call->result = result.release();
+  call->result = result.release().ptr();
   return kReady;
 }
 
