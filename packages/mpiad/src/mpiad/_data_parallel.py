@@ -13,11 +13,22 @@ waited for and the averaged gradients are in ``p.grad``: call the optimizer.
 Parameters that get no gradient on a rank contribute zeros; a parameter that
 got none on any rank keeps ``grad is None`` (what single-process training
 gives). :meth:`DataParallel.no_sync` accumulates gradients locally.
+
+As in DDP, whether a backward averages is decided by the forward it follows:
+a forward through the wrapper (with grad enabled, outside ``no_sync``) makes
+the next backward average, once; a backward of the bare module's output
+never communicates. Each bucket has two buffers: ``p.grad`` is a view of the
+one gradients accumulate into, and the all-reduce writes into the other,
+which holds ``p.grad`` after the round. So a round that a failed backward
+left unfinished never writes into the gradients the user sees; the next
+forward completes it (every rank then issued the same collectives) and
+discards its result.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,10 +46,13 @@ Tensor = torch.Tensor
 
 
 class _Bucket:
-    """Gradients of some parameters (one dtype and device) in one flat buffer.
+    """Gradients of some parameters (one dtype and device) in flat buffers.
 
     Layout: each parameter's gradient, then one "has a gradient" flag per
     parameter; averaged over the ranks, a flag > 0 means some rank had one.
+    ``flat`` is what gradients accumulate into (``p.grad`` is a view of it
+    after the first round), ``out`` what the all-reduce writes; they swap
+    when a round ends.
     """
 
     def __init__(self, params: list[torch.nn.Parameter]) -> None:
@@ -51,18 +65,18 @@ class _Bucket:
         self.grad_numel = n
         p0 = params[0]
         self.flat = torch.zeros(n + len(params), dtype=p0.dtype, device=p0.device)
-        self.ready = 0
-        self.req: Any = None
-        self.host: Tensor | None = None  # pinned staging copy of a CUDA bucket (MPI not CUDA-aware)
+        self.out = torch.zeros_like(self.flat)
+        self.reset()
 
-    def view(self, i: int) -> Tensor:
+    def view(self, buf: Tensor, i: int) -> Tensor:
         p = self.params[i]
-        return self.flat[self.offsets[i] : self.offsets[i] + p.numel()].view_as(p)
+        return buf[self.offsets[i] : self.offsets[i] + p.numel()].view_as(p)
 
     def reset(self) -> None:
         self.ready = 0
-        self.req = None
-        self.host = None
+        self.marked = [False] * len(self.params)  # which parameters' gradients are complete this round
+        self.req: Any = None
+        self.host: Tensor | None = None  # pinned staging copy of a CUDA bucket (MPI not CUDA-aware)
 
 
 class DataParallel(torch.nn.Module):
@@ -113,7 +127,8 @@ class DataParallel(torch.nn.Module):
         self.comm = comm
         self.broadcast_buffers = bool(broadcast_buffers)
         self._sync = True
-        self._callback_queued = False
+        self._armed = False  # a forward through the wrapper asked its backward to average
+        self._round_open = False  # a gradient of the current round arrived; _finish is queued
         params = [p for p in module.parameters() if p.requires_grad]
         for i, p in enumerate(params):
             check_tensor(p, f"parameter {i}")
@@ -169,20 +184,29 @@ class DataParallel(torch.nn.Module):
 
     @property
     def buckets(self) -> list[Tensor]:
-        """The buckets' flat buffers (gradients, then one has-a-gradient flag per parameter), in order."""
+        """The buckets' buffers that gradients accumulate into (gradients, then one
+        has-a-gradient flag per parameter), in order."""
         return [b.flat for b in self._buckets]
 
     # ----------------------------------------------------------- forward
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._round_open:
+            self._complete_abandoned_round()
         if self.broadcast_buffers and self._sync:
             with torch.no_grad():
                 for t in self.module.buffers():
                     self.comm.Bcast_(t.data, 0)
+        if torch.is_grad_enabled():  # (a no-grad forward, e.g. evaluation, changes nothing)
+            self._armed = self._sync
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Inside: backward accumulates gradients locally (no communication), as DDP's no_sync."""
+        """Inside: backward accumulates gradients locally (no communication), as DDP's no_sync.
+
+        As in DDP, what counts is where the forward runs: the backward of a
+        forward made inside the context accumulates locally, wherever it runs.
+        """
         old, self._sync = self._sync, False
         try:
             yield
@@ -192,12 +216,24 @@ class DataParallel(torch.nn.Module):
     # ---------------------------------------------------------- backward
     def _hook(self, b: int, i: int) -> Any:
         def hook(p: Tensor) -> None:
-            if not self._sync:
+            if not self._armed:
                 return
-            if not self._callback_queued:
-                self._callback_queued = True
+            bucket = self._buckets[b]
+            if bucket.marked[i]:
+                # a second gradient in one backward (a parameter used in two reentrant
+                # checkpoints): still in time while its bucket waits, else it would be lost
+                if bucket.req is not None:
+                    raise RuntimeError(
+                        "mpiad.DataParallel: a parameter received a gradient after its bucket was already being "
+                        "averaged (it is used in several reentrant backward passes, e.g. torch.utils.checkpoint "
+                        "with use_reentrant=True); use use_reentrant=False, as torch DDP requires"
+                    )
+                return
+            bucket.marked[i] = True
+            if not self._round_open:
+                self._round_open = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._finish)
-            self._buckets[b].ready += 1
+            bucket.ready += 1
             self._start_ready()
 
         return hook
@@ -213,7 +249,7 @@ class DataParallel(torch.nn.Module):
         flat = bucket.flat
         with torch.no_grad():
             for i, p in enumerate(bucket.params):
-                view = bucket.view(i)
+                view = bucket.view(flat, i)
                 if p.grad is None:
                     view.zero_()
                     flat[bucket.grad_numel + i] = 0
@@ -223,33 +259,61 @@ class DataParallel(torch.nn.Module):
                     flat[bucket.grad_numel + i] = 1
         h = self.comm.handle
         debug_check(h, OP_ALLREDUCE + NONBLOCKING, flat, MPI_AVG)
-        buf = flat
+        src, dst = flat, bucket.out
         if flat.is_cuda:
             if cuda_aware():
                 sync_device(flat)
             else:
-                buf = bucket.host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-                buf.copy_(flat)
-        bucket.req = _mpiad.iallreduce(h, buf.data_ptr(), buf.data_ptr(), buf.nbytes, CODE[buf.dtype], MPI_AVG, buf)
+                src = dst = bucket.host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+                src.copy_(flat)
+        bucket.req = _mpiad.iallreduce(
+            h, src.data_ptr(), dst.data_ptr(), src.nbytes, CODE[src.dtype], MPI_AVG, (src, dst)
+        )
+
+    def _wait_all(self) -> None:
+        """Start what is left (buckets with unused parameters), in order, and wait for every bucket."""
+        for bucket in self._buckets[self._next :]:
+            self._start(bucket)
+        for bucket in self._buckets:
+            bucket.req.wait()
+            if bucket.host is not None:
+                write_back(bucket.out, bucket.host)
+
+    def _reset_round(self) -> None:
+        self._round_open = False
+        self._armed = False
+        self._next = 0
+        for bucket in self._buckets:
+            bucket.reset()
 
     def _finish(self) -> None:
-        """End of backward: start what is left (buckets with unused parameters), in
-        order; wait for every bucket; hand the averaged gradients to the parameters."""
-        self._callback_queued = False
+        """End of backward: wait for every bucket; hand the averaged gradients to the parameters."""
         try:
-            for bucket in self._buckets[self._next :]:
-                self._start(bucket)
+            self._wait_all()
             for bucket in self._buckets:
-                bucket.req.wait()
-                if bucket.host is not None:
-                    write_back(bucket.flat, bucket.host)
-                flags = bucket.flat[bucket.grad_numel :].tolist()
+                flags = bucket.out[bucket.grad_numel :].tolist()
                 for i, p in enumerate(bucket.params):
                     if flags[i] > 0:
                         # the gradient becomes a view of the bucket: the next backward
-                        # accumulates into the bucket directly (no copy at the next start)
-                        p.grad = bucket.view(i)
+                        # accumulates into it directly (no copy at the next start)
+                        p.grad = bucket.view(bucket.out, i)
+                bucket.flat, bucket.out = bucket.out, bucket.flat
         finally:
-            self._next = 0
-            for bucket in self._buckets:
-                bucket.reset()
+            self._reset_round()
+
+    def _complete_abandoned_round(self) -> None:
+        """A backward raised after some gradients arrived: _finish never ran. Issue
+        the rest of that round's collectives (the other ranks wait for them, or
+        issued them too) and discard the result, which lands in the buffers no
+        ``p.grad`` views."""
+        warnings.warn(
+            "mpiad.DataParallel: the previous backward ended early (it raised); its gradient all-reduces were "
+            "completed with this rank's partial gradients to keep the ranks' collectives matched, and their result "
+            "discarded",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        try:
+            self._wait_all()
+        finally:
+            self._reset_round()

@@ -56,7 +56,7 @@ class Link:
         self.waited = False
         self.bwd: Any = None
         self.keep_result = False  # whether the backward formula needs the result (``saved``)
-        self.saved: Tensor | None = None
+        self.saved: Callable[[], Tensor] | None = None  # the result, checked (saved_tensor)
         self.out_meta: tuple[torch.Size, torch.dtype, torch.device] | None = None
 
     def zeros_like_result(self) -> Tensor:
@@ -64,6 +64,22 @@ class Link:
             raise RuntimeError(f"mpiad: the {self.name} handle was never waited for; its backward needs its Wait")
         shape, dtype, device = self.out_meta
         return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def saved_tensor(t: Tensor, what: str) -> Callable[[], Tensor]:
+    """``t`` for a backward formula, checked as autograd checks a saved tensor: after
+    an in-place change of ``t`` the getter raises instead of handing it out."""
+    version = t._version
+
+    def get() -> Tensor:
+        if t._version != version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace "
+                f"operation: {what} is at version {t._version}; expected version {version} instead"
+            )
+        return t
+
+    return get
 
 
 def dummy_like(t: Tensor) -> Tensor:
@@ -168,7 +184,7 @@ def wait(handle: WaitHandle) -> Tensor:
     link.out_meta = (result.shape, result.dtype, result.device)
     if torch.is_grad_enabled() and handle._dummy.requires_grad:
         if link.keep_result:
-            link.saved = result.detach()
+            link.saved = saved_tensor(result.detach(), f"the result of {link.name}")
         return _Wait.apply(handle._dummy, link, result)
     return result.detach() if result.requires_grad else result
 

@@ -22,7 +22,7 @@ from . import _collectives as _coll
 from . import _grad
 from ._constants import MPI_SUM
 from ._functions import EagerBackend
-from ._handles import Link, WaitHandle, make_handle
+from ._handles import Link, WaitHandle, make_handle, saved_tensor
 
 if TYPE_CHECKING:
     from ._comm import Communicator
@@ -35,6 +35,11 @@ def _link(h: WaitHandle) -> Link:
     return h.link
 
 
+def _saved_result(h: WaitHandle) -> Tensor | None:
+    get = _link(h).saved
+    return get() if get is not None else None
+
+
 def _zeros(g: Tensor | None, shape: Any, like: Tensor) -> Tensor:
     return g if g is not None else torch.zeros(shape, dtype=like.dtype, device=like.device)
 
@@ -43,6 +48,9 @@ def iallreduce(c: Communicator, t: Tensor, op: int) -> WaitHandle:
     x = t.detach()
     pending = _coll.allreduce(c.handle, x, op, nb=True)
     keep = _grad.needs_saved(op)
+    # the input itself (not detached), as the blocking op's saved tensor: under
+    # create_graph the PROD formula differentiates through it; SUM/AVG keep nothing
+    saved = saved_tensor(t, "the input of Iallreduce") if keep else None
     handle: WaitHandle
 
     def start(g: Tensor | None) -> Any:
@@ -50,11 +58,9 @@ def iallreduce(c: Communicator, t: Tensor, op: int) -> WaitHandle:
 
     def finish(h: WaitHandle) -> Tensor:
         gs = c.Wait(h)
-        y = _link(handle).saved
-        # the input itself (not detached), as the blocking op's saved tensor: under
-        # create_graph the PROD formula differentiates through it
+        y = _saved_result(handle)
         be = EagerBackend(c.handle, c.rank, c.size)
-        return _grad.allreduce_backward_finish(be, gs, t if keep else None, y, op, c.rank, c.size)
+        return _grad.allreduce_backward_finish(be, gs, saved() if saved else None, y, op, c.rank, c.size)
 
     handle = make_handle(t, "Iallreduce", pending, start, finish, keep_result=keep)
     return handle
@@ -90,7 +96,7 @@ def ireduce(c: Communicator, t: Tensor, op: int, root: int) -> WaitHandle:
 
     def finish(h: WaitHandle) -> Tensor:
         gr = c.Wait(h)
-        y = _link(handle).saved
+        y = _saved_result(handle)
         be = EagerBackend(c.handle, c.rank, c.size)
         return _grad.reduce_backward_finish(be, gr, xin, y, op, root, c.rank, c.size)
 
@@ -127,6 +133,7 @@ def iallgather(c: Communicator, t: Tensor, axis: int) -> WaitHandle:
 def iscatter(c: Communicator, t: Tensor, axis: int, numelem: int, root: int) -> WaitHandle:
     x = t.detach()
     pending = _coll.scatter(c.handle, x, axis, numelem, root, c.rank, nb=True)
+    xshape, xdtype, xdevice = x.shape, x.dtype, x.device  # (the backward keeps no input)
     handle: WaitHandle
 
     def start(g: Tensor | None) -> Any:
@@ -140,7 +147,7 @@ def iscatter(c: Communicator, t: Tensor, axis: int, numelem: int, root: int) -> 
             # double backward runs its Scatter on every rank
             from ._comm import JoinDummies
 
-            return JoinDummies(torch.zeros_like(x), [gx])
+            return JoinDummies(torch.zeros(xshape, dtype=xdtype, device=xdevice), [gx])
         return gx
 
     handle = make_handle(t, "Iscatter", pending, start, finish)

@@ -1,12 +1,18 @@
 """mpiad.DataParallel: 20 SGD steps of an MLP and of a small transformer equal
 single-process training on the global batch (within 1e-6), with several buckets,
 gradient accumulation under no_sync(), a parameter unused everywhere (keeps
-grad None) and one used on rank 0 only (its gradient is averaged anyway)."""
+grad None) and one used on rank 0 only (its gradient is averaged anyway).
+Then what DDP users rely on around the edges: no_sync decided by the forward,
+a backward of the bare module that does not communicate, a parameter used in
+two reentrant checkpoints (a clear error), and a backward that raises on one
+rank (the ranks go on, matched, and the gradients stay clean)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 
 import mpi4py.MPI as MPI
 import torch
@@ -101,8 +107,153 @@ def train(model: str, set_to_none: bool) -> None:
         print(f"{model}: 20 steps match single-process training (buckets: {dp.bucket_count})", flush=True)
 
 
+def averaged(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The mean over the ranks of each local gradient (the reference)."""
+    return [comm.Allreduce(g.clone(), mpiad.MPI_SUM) / size for g in grads]
+
+
+def local_grads(net: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    ref = copy.deepcopy(net)
+    ref(x).sum().backward()
+    return [q.grad.clone() for q in ref.parameters()]
+
+
+def close(a: list[torch.Tensor], b: list[torch.Tensor], what: str) -> None:
+    for i, (u, v) in enumerate(zip(a, b)):
+        assert torch.allclose(u, v, atol=1e-12), (what, i, (u - v).abs().max().item())
+
+
+def forward_decides() -> None:
+    """no_sync and the bare module: what the forward ran through decides, as in DDP."""
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)).to(D)
+    dp = mpiad.DataParallel(net, bucket_cap_mb=0.0001)
+    x = torch.randn(3, 4, dtype=D, generator=torch.Generator().manual_seed(rank))  # each rank its own data
+    mine = local_grads(net, x)
+    cases = (
+        ("forward in no_sync, backward outside", True, False, mine),
+        ("forward outside, backward in no_sync", False, True, averaged(mine)),
+    )
+    for what, fwd_in, bwd_in, want in cases:
+        net.zero_grad(set_to_none=True)
+        with dp.no_sync() if fwd_in else contextlib.nullcontext():
+            y = dp(x).sum()
+        with dp.no_sync() if bwd_in else contextlib.nullcontext():
+            y.backward()
+        close([p.grad for p in net.parameters()], want, what)
+    # only rank 0 runs a backward of the bare module: no collective may start (it would hang)
+    net.zero_grad(set_to_none=True)
+    if rank == 0:
+        dp.module(x).sum().backward()
+        close([p.grad for p in net.parameters()], mine, "bare module")
+    MPI.COMM_WORLD.Barrier()
+    # a forward under no_grad (evaluation) between a forward and its backward changes nothing
+    net.zero_grad(set_to_none=True)
+    y = dp(x).sum()
+    with torch.no_grad():
+        dp(x)
+    y.backward()
+    close([p.grad for p in net.parameters()], averaged(mine), "eval forward in between")
+
+
+class _Shared(torch.nn.Module):
+    """One Linear applied in two reentrant (or not) checkpoints: two gradients per backward."""
+
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.shared, self.head, self.reentrant = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1), reentrant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        h = checkpoint(self.shared, x, use_reentrant=self.reentrant)
+        h = checkpoint(self.shared, torch.tanh(h), use_reentrant=self.reentrant)
+        return self.head(h)
+
+
+def checkpointed() -> None:
+    x = torch.randn(3, 4, dtype=D, generator=torch.Generator().manual_seed(rank), requires_grad=True)
+    for reentrant in (False, True):
+        torch.manual_seed(4)
+        net = _Shared(reentrant).to(D)
+        want = averaged(local_grads(net, x))
+        dp = mpiad.DataParallel(net)  # one bucket: it is sent before the second gradient arrives
+        if not reentrant:
+            dp(x).sum().backward()
+            close([p.grad for p in net.parameters()], want, "non-reentrant checkpoints")
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # (torch: a reentrant checkpoint's input)
+            raises(RuntimeError, lambda dp=dp: dp(x).sum().backward(), "reentrant", "use_reentrant=False")
+            # the round left open is completed at the next forward, matched on every rank
+            with warns("ended early"):
+                y = dp(x)
+        del y
+
+
+class _Boom(torch.autograd.Function):
+    """Identity whose backward raises where ``_Boom.on`` (an OOM, say)."""
+
+    on = False
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: object, g: torch.Tensor) -> torch.Tensor:
+        if _Boom.on:
+            raise RuntimeError("boom")
+        return g
+
+
+class _Three(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2, self.l3 = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l3(_Boom.apply(self.l2(torch.tanh(self.l1(x))))).sum()
+
+
+def failed_backward() -> None:
+    """Rank 0's backward raises after its first buckets left; the others finish theirs.
+    Rank 0's next forward completes that round (the others were waiting for it), and
+    neither that round nor its completion writes into the gradients it zeroed."""
+    torch.manual_seed(6)
+    net = _Three().to(D)
+    x = torch.randn(3, 4, dtype=D, generator=torch.Generator().manual_seed(rank))
+    want = averaged(local_grads(net, x))
+    dp = mpiad.DataParallel(net, bucket_cap_mb=0.0001)  # 100 B: l3's buckets leave before the failure
+    dp(x).backward()  # a normal round first: p.grad are now views of the buckets
+    net.zero_grad(set_to_none=False)
+    _Boom.on = rank == 0
+    if rank == 0:
+        raises(RuntimeError, lambda: dp(x).backward(), "boom")
+    else:
+        dp(x).backward()  # waits for rank 0's part of the round: its next forward
+    _Boom.on = False
+    net.zero_grad(set_to_none=False)  # every rank drops the step
+    with warns("ended early") if rank == 0 else contextlib.nullcontext():
+        y = dp(x)
+    assert all(float(p.grad.abs().max()) == 0 for p in net.parameters()), "the abandoned round wrote into p.grad"
+    y.backward()
+    close([p.grad for p in net.parameters()], want, "the step after a failed backward")
+
+
+@contextlib.contextmanager
+def warns(words: str) -> Iterator[None]:
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        yield
+    assert any(words in str(w.message) for w in got), [str(w.message) for w in got]
+
+
 train("mlp", set_to_none=True)
 train("transformer", set_to_none=False)
+forward_decides()
+checkpointed()
+failed_backward()
 
 # bad input
 for call, exc, words in (

@@ -157,7 +157,24 @@ gradcheck("Igather", rand(rank + 1, 2), nb(lambda x: comm.Igather(x, 0, 0)))
 gradcheck("Iscatter", rand(total, 2), nb(lambda x: comm.Iscatter(x, 0, rank + 1, 0)))
 gradcheck("Ialltoall", rand(2, total), nb(lambda x: comm.Ialltoall(x, 0, 1, rank + 1)))
 gradcheck("Ireduce_scatter", rand(total), nb(lambda x: comm.Ireduce_scatter(x, S.MPI_SUM, 0, rank + 1)))
+gradcheck("Ibcast_", rand(2, 3), nb(lambda x: comm.Ibcast_(x, size - 1)))
+gradcheck("Ireduce_ PROD", rand(3), nb(lambda x: comm.Ireduce_(x, S.MPI_PROD, 0)))
+gradcheck("Iallgather", rand(rank + 1, 2), nb(lambda x: comm.Iallgather(x, 0)))
 MPI.COMM_WORLD.Barrier()
+
+# a tensor the backward formula needs (PROD: the input and the result), changed in place
+# after the call: backward raises, as for the blocking op, instead of using the new values
+for fn in (lambda x: comm.Allreduce(x, S.MPI_PROD), nb(lambda x: comm.Iallreduce(x, S.MPI_PROD))):
+    a = rand(2).requires_grad_()
+    xin = a * 1.0
+    y = fn(xin)
+    with torch.no_grad():
+        xin.mul_(100)
+    raises(RuntimeError, lambda: y.sum().backward(), "modified by an inplace operation")
+    y = fn(a * 1.0)
+    with torch.no_grad():
+        y.mul_(2)
+    raises(RuntimeError, lambda: y.sum().backward(), "modified by an inplace operation")
 
 # bad input raises before any communication (rank 0 only: communicating would hang)
 if rank == 0:
