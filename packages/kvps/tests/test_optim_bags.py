@@ -186,6 +186,26 @@ def test_bag_matches_nn_embedding_bag(mode: str, pad: int | None) -> None:
         dense.include_last_offset = True
         with torch.no_grad():
             assert torch.equal(bag(ids[:20], last), dense(ids[:20], last))
+        # with 2-D input torch ignores include_last_offset (B bags): the same bags, the same steps
+        cases = (
+            (torch.randint(0, n, (3, 4), generator=g), None),
+            (ids[:20], last),
+            (torch.empty(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)),  # no bags
+        )
+        for x, offs in cases:
+            a, b = bag(x, offs), dense(x, offs)
+            assert torch.equal(a, b), x.shape
+            gout = torch.randn(a.shape, generator=g)
+            (a * gout).sum().backward()
+            (b * gout).sum().backward()
+            bag.flush()
+            with rounded_sqrt():
+                o.step()
+            o.zero_grad()
+            same(bag.pull_rows(torch.arange(n)), dense.weight.detach())
+        bag.include_last_offset = dense.include_last_offset = False
+        empty = torch.empty(0, dtype=torch.int64)  # no bags at all: (0, dim), as torch
+        assert bag(empty, empty).shape == dense(empty, empty).shape == (0, d)
         s.shutdown()
 
 
@@ -289,6 +309,11 @@ def test_collection_matches_per_table_bags() -> None:
         a, b = col(KJT()), col(feats)
     for k in a:
         assert torch.equal(a[k], b[k]), k
+    # a feature without bags in this batch: (0, dim), whether given by lengths or offsets
+    e = torch.empty(0, dtype=torch.int64)
+    with torch.no_grad():
+        out = col({**feats, "f1": {"values": e, "lengths": e}, "t2": (e, e)})
+    assert out["f1"].shape == (0, 8) and out["t2"].shape == (0, 4)
     s.shutdown()
 
 
@@ -353,6 +378,16 @@ def test_bad_input() -> None:
         bag_sum(ids, offs, torch.ones(4))
     with pytest.raises(ValueError, match="include_last_offset"):
         PSEmbeddingBag(10, 4, w, "sum", include_last_offset=True, initialize=False)(ids, offs)
+    empty = torch.empty(0, dtype=torch.int64)
+    with pytest.raises(ValueError, match="at least one offset"):
+        PSEmbeddingBag(10, 4, w, "sum", include_last_offset=True, initialize=False)(empty, empty)
+    with pytest.raises(ValueError, match="offsets are empty"):  # ids in no bag (torch drops them silently)
+        bag(ids, empty)
+    with pytest.raises(ValueError, match="max_norm is not supported"):
+        PSEmbeddingBag(10, 4, w, max_norm=1.0, initialize=False)
+    with pytest.raises(ValueError, match="scale_grad_by_freq"):
+        PSEmbeddingBag(10, 4, w, scale_grad_by_freq=True, initialize=False)
+    assert PSEmbeddingBag(10, 4, w, sparse=True, initialize=False).sparse  # (accepted: always row-wise)
     with pytest.raises(TypeError, match="name"):
         EmbeddingBagConfig("", 5, 4)
     with pytest.raises(ValueError, match="num_embeddings"):

@@ -30,8 +30,14 @@ MODES = ("sum", "mean", "max")
 # ----------------------------------------------------------------------------- input checks
 def _bags(
     input: Any, offsets: Any, include_last_offset: bool, upper: int, name: str = "input"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate ``input`` (+ ``offsets``) as ``nn.EmbeddingBag`` takes them; return flat int64 ids and offsets.
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Validate ``input`` (+ ``offsets``) as ``nn.EmbeddingBag`` takes them.
+
+    Returns flat int64 ids, offsets, and whether the offsets end with the end
+    of the ids (``include_last_offset``, which applies to 1-D input only, as in
+    torch). Every id belongs to a bag: trailing ids that torch would ignore
+    (``include_last_offset`` with a last offset short of the end, or ids with
+    empty offsets) are refused.
 
     Raises
     ------
@@ -49,7 +55,8 @@ def _bags(
             raise ValueError(f"{name} is 2-D (fixed-length bags): offsets must be None")
         b, n = input.shape
         flat = as_index_tensor(input.reshape(-1), name, upper=upper, dtypes=("int64", "int32")).long()
-        return flat, torch.arange(0, b * n, n, dtype=torch.int64) if n else torch.zeros(b, dtype=torch.int64)
+        # (torch ignores include_last_offset for 2-D input: B bags)
+        return flat, torch.arange(0, b * n, n, dtype=torch.int64) if n else torch.zeros(b, dtype=torch.int64), False
     if input.dim() != 1:
         raise ValueError(
             f"{name} must be 1-D (with offsets) or 2-D (fixed-length bags), got shape {tuple(input.shape)}"
@@ -59,7 +66,11 @@ def _bags(
     flat = as_index_tensor(input, name, upper=upper, dtypes=("int64", "int32")).long()
     off = as_index_tensor(offsets, f"{name} offsets", dtypes=("int64", "int32")).long()
     if off.numel() == 0:
-        raise ValueError(f"{name} offsets must not be empty")
+        if include_last_offset:
+            raise ValueError(f"{name} offsets: include_last_offset needs at least one offset (the end of the ids)")
+        if flat.numel():
+            raise ValueError(f"{name} offsets are empty (no bags), but {name} holds {flat.numel()} ids")
+        return flat, off, False
     if int(off[0]) != 0:
         raise ValueError(f"{name} offsets must start at 0, got {int(off[0])}")
     if off.numel() > 1 and bool((off[1:] < off[:-1]).any()):
@@ -73,7 +84,7 @@ def _bags(
         raise ValueError(
             f"include_last_offset: the last offset must equal the number of ids ({flat.numel()}), got {int(off[-1])}"
         )
-    return flat, off
+    return flat, off, include_last_offset
 
 
 def _weights(psw: Any, flat: torch.Tensor, mode: str, dtype: torch.dtype, name: str) -> torch.Tensor | None:
@@ -92,6 +103,17 @@ def _weights(psw: Any, flat: torch.Tensor, mode: str, dtype: torch.dtype, name: 
             f"{name}: per_sample_weights must have one weight per id ({flat.numel()}), got shape {tuple(psw.shape)}"
         )
     return psw.reshape(-1)
+
+
+def _check_torch_options(max_norm: Any, scale_grad_by_freq: Any) -> None:
+    """nn.EmbeddingBag options kvps does not implement: a clear error, not a silent difference."""
+    if max_norm is not None:
+        raise ValueError(
+            "max_norm is not supported: nn.EmbeddingBag renormalises the looked-up rows of its weight in place; "
+            "kvps's rows live on the server (clip the gradients, or use the server's optimizer)"
+        )
+    if scale_grad_by_freq:
+        raise ValueError("scale_grad_by_freq is not supported by kvps's bags")
 
 
 def _check_mode(mode: Any) -> str:
@@ -357,6 +379,11 @@ class PSEmbeddingBag(nn.Module):
     initialize : bool
         Write the initial rows (collective: every rank writes its home keys,
         then a barrier). False keeps the server's values.
+    max_norm, norm_type, scale_grad_by_freq, sparse
+        ``nn.EmbeddingBag``'s options, for drop-in use. ``sparse`` changes
+        nothing (the server always receives one gradient row per distinct
+        id); ``max_norm`` (renormalising pulled rows in place) and
+        ``scale_grad_by_freq`` are not supported and raise ``ValueError``.
 
     Raises
     ------
@@ -364,7 +391,8 @@ class PSEmbeddingBag(nn.Module):
         ``worker`` is not a Worker, or a size is not an int.
     ValueError
         Bad mode, sizes, padding index; the table does not fit the key range,
-        its keys' value lengths are not ``embedding_dim``, or the server has no optimizer.
+        its keys' value lengths are not ``embedding_dim``, or the server has no
+        optimizer; ``max_norm`` or ``scale_grad_by_freq`` set.
     """
 
     def __init__(
@@ -380,14 +408,21 @@ class PSEmbeddingBag(nn.Module):
         init_std: float = 1.0,
         seed: int = 0,
         initialize: bool = True,
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        sparse: bool = False,
     ) -> None:
         super().__init__()
+        _check_torch_options(max_norm, scale_grad_by_freq)
         self.num_embeddings = check_int(num_embeddings, "num_embeddings", lo=1)
         self.embedding_dim = check_int(embedding_dim, "embedding_dim", lo=1)
         self.mode = _check_mode(mode)
         self.key_offset = check_int(key_offset, "key_offset", lo=0)
         self.padding_idx = _check_padding(padding_idx, self.num_embeddings)
         self.include_last_offset = bool(include_last_offset)
+        self.max_norm, self.norm_type, self.scale_grad_by_freq = None, float(norm_type), False  # (as nn.EmbeddingBag)
+        self.sparse = bool(sparse)
         _check_table(worker, self.key_offset, self.num_embeddings, self.embedding_dim, "PSEmbeddingBag")
         self.worker = worker
         self._pending: list[int] = []
@@ -419,7 +454,7 @@ class PSEmbeddingBag(nn.Module):
         TypeError, ValueError, IndexError
             Bad ids, offsets or weights (see ``nn.EmbeddingBag``).
         """
-        flat, off = _bags(input, offsets, self.include_last_offset, self.num_embeddings)
+        flat, off, last = _bags(input, offsets, self.include_last_offset, self.num_embeddings)
         psw = _weights(per_sample_weights, flat, self.mode, self.worker.server.dtype, "PSEmbeddingBag")
         uniq, local, order = _distinct(flat)
         keys = (uniq + self.key_offset).contiguous() if self.key_offset else uniq
@@ -433,7 +468,7 @@ class PSEmbeddingBag(nn.Module):
             off,
             self.mode,
             psw,
-            self.include_last_offset,
+            last,
             pad,
             order,
         )
@@ -695,8 +730,8 @@ class PSEmbeddingBagCollection(nn.Module):
                 n = values.numel() if isinstance(values, torch.Tensor) else -1
                 if int(lens.sum()) != n:
                     raise ValueError(f"feature {f!r}: lengths sum to {int(lens.sum())}, the values hold {n} ids")
-                second = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lens, 0)[:-1]])
-            flat, off = _bags(values, second, False, t.num_embeddings, f"feature {f!r}")
+                second = torch.cumsum(lens, 0) - lens  # each bag's start (no bags for no lengths)
+            flat, off, _ = _bags(values, second, False, t.num_embeddings, f"feature {f!r}")
             out[f] = (flat, off, _weights(w, flat, t.mode, self.worker.server.dtype, f"feature {f!r}"))
         return out
 
