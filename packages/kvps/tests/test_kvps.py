@@ -49,8 +49,9 @@ def test_checkpoint_into_other_rank_count(tmp_path: Path, dtype: str, save_ranks
     assert "persist save ok" in res.stdout
     res = run_mpi(str(SCRIPTS / "persist.py"), load_ranks, args=("load", str(ck), dtype, str(save_ranks)), timeout=120)
     assert "persist load ok" in res.stdout
-    # (float32 also checkpoints a server with Adam: its moments and step counts, in ckpt-adam)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"] + (["ckpt-adam"] if dtype == "float32" else [])
+    # (float32 also checkpoints servers with Adam and row-wise Adagrad: their state, in ckpt-<rule>)
+    rules = ["ckpt-adam", "ckpt-rowwise_adagrad"] if dtype == "float32" else []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", *rules]
 
 
 @pytest.mark.mpi
@@ -62,7 +63,7 @@ def test_checkpoint_distx_format(tmp_path: Path) -> None:
     assert "persist save ok" in res.stdout
     res = run_mpi(str(SCRIPTS / "persist.py"), 2, args=("load", str(ck), "float32", "3", "distx"), timeout=180)
     assert "persist load ok" in res.stdout
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "ckpt-adam", "ckpt-rowwise_adagrad"]
 
 
 def test_save_format_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

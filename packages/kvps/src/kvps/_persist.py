@@ -249,33 +249,35 @@ def _read_distx(ckpt: Any, shard: LocalShard, path: Any, mine: np.ndarray) -> np
     entries = {e.get("path", [None])[0]: e for e in meta.get("entries", []) if isinstance(e, dict)}
     if "values" not in entries or "lengths" not in entries:
         raise ValueError(f"{path} is not a kvps checkpoint in distx format (no 'values'/'lengths' entries)")
+    # first the scalars, so that a checkpoint of another server is named for what differs
+    head: dict[str, Any] = {"format": None, "num_keys": None, "dtype": None}
+    if "rule" in entries:
+        head["rule"] = None
+    try:
+        ckpt.load_state_dict(head, ckpt.FileSystemReader(str(path)), no_dist=True)
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"{path} is not a kvps checkpoint in distx format: {e}") from e
+    if head["format"] != DISTX_FORMAT:
+        raise ValueError(f"{path} is not a kvps checkpoint (format {head['format']!r})")
+    if head["num_keys"] != shard.num_keys or head["dtype"] != dtype_name(shard.dtype):
+        raise ValueError(
+            f"checkpoint has {head['num_keys']} keys of {head['dtype']}, the server "
+            f"{shard.num_keys} keys of {dtype_name(shard.dtype)}"
+        )
+    _check_rule(shard, head.get("rule", _NO_RULE), path)
     slots = shard.slot_lengths
     state: dict[str, Any] = {
-        "format": None,
-        "num_keys": None,
-        "dtype": None,
         "lengths": torch.empty(shard.num_keys, dtype=torch.int64),
         "values": torch.empty(int(slots.sum()), dtype=shard.dtype),
     }
-    if "rule" in entries:
-        state["rule"] = None
     try:
         ckpt.load_state_dict(state, ckpt.FileSystemReader(str(path)), no_dist=True)
     except (KeyError, ValueError) as e:
         raise ValueError(
-            f"the distx checkpoint in {path} does not match this server "
-            f"(num_keys={shard.num_keys}, dtype={dtype_name(shard.dtype)}, optimizer {shard.rule['name']!r}, "
-            f"its value lengths): {e}"
+            f"the distx checkpoint in {path} does not match this server's value lengths "
+            f"(num_keys={shard.num_keys}, dtype={dtype_name(shard.dtype)}, optimizer {shard.rule['name']!r}): {e}"
         ) from e
-    if state["format"] != DISTX_FORMAT:
-        raise ValueError(f"{path} is not a kvps checkpoint (format {state['format']!r})")
-    if state["num_keys"] != shard.num_keys or state["dtype"] != dtype_name(shard.dtype):
-        raise ValueError(
-            f"checkpoint has {state['num_keys']} keys of {state['dtype']}, the server "
-            f"{shard.num_keys} keys of {dtype_name(shard.dtype)}"
-        )
     if not np.array_equal(state["lengths"].numpy(), shard.lengths):
         raise ValueError("checkpoint value lengths differ from the server's value_lengths")
-    _check_rule(shard, state.get("rule", _NO_RULE), path)
     flat_e = state["values"].view(torch.uint8).numpy().view(_elements(shard))
     return np.ascontiguousarray(flat_e[_flat_index(slots, mine)])

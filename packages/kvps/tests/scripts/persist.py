@@ -39,6 +39,28 @@ def adam_grad(i: int) -> np.ndarray:
     return np.sin(np.arange(ADAM_KEYS * 4, dtype=np.float32) + i).astype(np.float32)
 
 
+#: the server-side rules whose state a checkpoint carries (kvps.optim)
+RULES = {"adam": lambda: optim.Adam(lr=0.05), "rowwise_adagrad": lambda: optim.RowWiseAdagrad(lr=0.1)}
+
+
+def reference(name: str, steps: int) -> torch.Tensor:
+    """The rows after ``steps`` pushes of adam_grad(0..): torch.optim.Adam, or row-wise Adagrad's closed form."""
+    p = torch.nn.Parameter(torch.from_numpy(adam_init()).view(-1, 4))
+    if name == "adam":
+        o = torch.optim.Adam([p], lr=0.05)
+        for i in range(steps):
+            p.grad = torch.from_numpy(adam_grad(i)).view(-1, 4)
+            o.step()
+        return p.detach()
+    acc = torch.zeros(ADAM_KEYS, 1)
+    x = p.detach().clone()
+    for i in range(steps):
+        g = torch.from_numpy(adam_grad(i)).view(-1, 4)
+        acc += (g * g).mean(1, keepdim=True)
+        x -= 0.1 / (acc.sqrt() + 1e-8) * g
+    return x
+
+
 def expected(saved_ranks: int) -> torch.Tensor:
     base = torch.cat([torch.arange(int(lengths[k]), dtype=torch.float64) + 0.5 * k for k in range(NK)])
     bump = np.zeros(NK)
@@ -80,17 +102,18 @@ if MODE == "save":
     w.pull(allk, out)
     assert torch.equal(out, expected(size)), "state before save is wrong"
     server.shutdown()  # collective: no rank leaves while another still awaits its replies
-    if sys.argv[3] == "float32" and FMT == "kvps":  # a server with Adam: its state is saved with the rows
-        kvps.setup(ADAM_KEYS, 1, "all")
-        s = kvps.Server(4, optimizer=optim.Adam(lr=0.05))
-        w = kvps.Worker(0, s)
-        if rank == 0:  # only rank 0 updates: a deterministic sequence of steps at every key's owner
-            w.set(np.arange(ADAM_KEYS), adam_init())
-            for i in range(3):
-                w.push(np.arange(ADAM_KEYS), adam_grad(i))
-        s.barrier()
-        s.save(PATH + "-adam")
-        s.shutdown()
+    if sys.argv[3] == "float32":  # servers with optimizers: their state is saved with the rows
+        for name, rule in RULES.items():
+            kvps.setup(ADAM_KEYS, 1, "all")
+            s = kvps.Server(4, optimizer=rule())
+            w = kvps.Worker(0, s)
+            if rank == 0:  # only rank 0 updates: a deterministic sequence of steps at every key's owner
+                w.set(np.arange(ADAM_KEYS), adam_init())
+                for i in range(3):
+                    w.push(np.arange(ADAM_KEYS), adam_grad(i))
+            s.barrier()
+            s.save(f"{PATH}-{name}", format=FMT)
+            s.shutdown()
 else:
     saved = int(sys.argv[4])
     w.push(allk, torch.ones(total, dtype=DT))  # overwritten by the load
@@ -113,28 +136,25 @@ else:
         assert torch.equal(out, (expected(saved).double() + size).to(DT))
     # a mismatching server refuses the checkpoint
     server.shutdown()
-    if sys.argv[3] == "float32" and FMT == "kvps":
-        # Adam's moments and per-row step counts came back: one more step equals torch.optim's 4th
-        kvps.setup(ADAM_KEYS, 1, "all")
-        s = kvps.Server(4, optimizer=optim.Adam(lr=0.05))
-        w = kvps.Worker(0, s)
-        other = kvps.Server(4, optimizer=optim.Adagrad())
-        with pytest.raises(ValueError, match="rule 'adam'"):
-            other.load(PATH + "-adam")  # another optimizer's state does not fit
-        other.shutdown()
-        s.load(PATH + "-adam")
-        if rank == 0:
-            w.push(np.arange(ADAM_KEYS), adam_grad(3))
-        s.barrier()
-        got = torch.zeros(ADAM_KEYS * 4)
-        w.pull(np.arange(ADAM_KEYS), got)
-        p = torch.nn.Parameter(torch.from_numpy(adam_init()).view(-1, 4))
-        o = torch.optim.Adam([p], lr=0.05)
-        for i in range(4):
-            p.grad = torch.from_numpy(adam_grad(i)).view(-1, 4)
-            o.step()
-        torch.testing.assert_close(got.view(-1, 4), p.detach(), rtol=1e-6, atol=1e-7)
-        s.shutdown()
+    if sys.argv[3] == "float32":
+        # the optimizer's state came back (Adam: moments and per-row step counts; row-wise
+        # Adagrad: one accumulator per row): one more step equals the 4th of the reference
+        for name, rule in RULES.items():
+            kvps.setup(ADAM_KEYS, 1, "all")
+            s = kvps.Server(4, optimizer=rule())
+            w = kvps.Worker(0, s)
+            other = kvps.Server(4, optimizer=optim.Adagrad())
+            with pytest.raises(ValueError, match=f"rule '{name}'"):
+                other.load(f"{PATH}-{name}", format=FMT)  # another optimizer's state does not fit
+            other.shutdown()
+            s.load(f"{PATH}-{name}", format=FMT)
+            if rank == 0:
+                w.push(np.arange(ADAM_KEYS), adam_grad(3))
+            s.barrier()
+            got = torch.zeros(ADAM_KEYS * 4)
+            w.pull(np.arange(ADAM_KEYS), got)
+            torch.testing.assert_close(got.view(-1, 4), reference(name, 4), rtol=1e-6, atol=1e-7)
+            s.shutdown()
     kvps.setup(NK + 1, 1, "none")
     other = kvps.Server(3, dtype=DT)
     with pytest.raises(ValueError, match="keys"):
