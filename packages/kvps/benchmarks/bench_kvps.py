@@ -13,15 +13,17 @@ Measurements (rank 0 prints one BENCH line each):
     classic parameter server); ratio = time without / time with (goal: never
     below 1x on one host); once with the same hot keys on both ranks, once with
     a different popularity order per rank (data locality, the case intent is
-    made for). Both variants exchange messages only (shared memory off, as
-    ranks on different hosts do); a second row compares kvps on one node
-    (intent + shared memory) with the classic server;
+    made for); 9 alternating rounds, the median of the per-round ratios.
+    Both variants exchange messages only (shared memory off, as ranks on
+    different hosts do); a second row compares kvps on one node (intent +
+    shared memory) with the classic server;
   * a small matrix factorisation with kvps.torch.PSEmbedding and the prefetching
     iterator: ratings/s and the loss of the last vs the first epoch (must fall).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -105,8 +107,10 @@ def local_and_remote() -> None:
     server.shutdown()
 
 
+@functools.lru_cache(maxsize=2)
 def zipf_batches(r: int, nk: int, count: int, batch: int, per_rank: bool) -> list[np.ndarray]:
-    """Rank ``r``'s de-duplicated Zipf(1.1) batches (every rank can draw every rank's)."""
+    """Rank ``r``'s de-duplicated Zipf(1.1) batches (every rank can draw every rank's; cached:
+    every round of a row uses the same batches). Callers must not modify them."""
     rng = np.random.default_rng(100 + r)
     # shared: the same popularity order on every rank; per_rank: each rank has its own hot keys
     perm = np.random.default_rng(7 + (r if per_rank else 0)).permutation(nk)
@@ -156,6 +160,10 @@ def oracle_placement(nk: int, count: int, batch: int, per_rank: bool, hosts: lis
         ks = np.flatnonzero(home == h)
         new[ks] = h + size * np.arange(ks.size)
     return new, int(size * per_home.max())
+
+
+#: rounds of the one-host Zipf rows (each: classic, intent, intent + shared memory, ~1 s apiece)
+ZIPF_ROUNDS = 9
 
 
 def zipf_warm(steps: int) -> int:
@@ -294,7 +302,7 @@ def zipf_across_hosts(rounds: int) -> None:
             t_orc.append(t)
         tn, ta, to = float(np.median(t_none)), float(np.median(t_all)), float(np.median(t_orc))
         moved = st["intent_moved"] / max(1, st["intent_moved"] + st["intent_classic"])
-        r = tn / ta
+        r = float(np.median([a / b for a, b in zip(t_none, t_all)]))  # (per round: measured seconds apart)
         emit(
             f"Zipf(1.1) {nk // 1000}k keys x 64, batch 4096, {what}, 2 hosts x 2 ranks (TCP between hosts,"
             " shared memory within): time without / with intent",
@@ -320,7 +328,7 @@ def zipf_across_hosts(rounds: int) -> None:
             k: v["remote"] / max(1, v["local"] + v["shared"] + v["remote"])
             for k, v in (("hash", st_none), ("oracle", st_orc))
         }
-        ro = tn / to
+        ro = float(np.median([a / b for a, b in zip(t_none, t_orc)]))
         emit(
             f"Zipf(1.1) {nk // 1000}k keys x 64, batch 4096, {what}, 2 hosts x 2 ranks: classic server time with"
             " keys homed by hash / with every key homed where it is used most (perfect foresight, free moves):"
@@ -342,15 +350,17 @@ def main() -> None:
     local_and_remote()
     nk = int(os.environ.get("KVPS_BENCH_ZIPF_KEYS", "200000"))
     # intent is signalled 16 batches ahead (AdaPM's own apps signal it ~1000
-    # data points ahead) and the server acts on it 16 clocks ahead
-    steps, batch, ahead = 600, 4096, 16
+    # data points ahead) and the server acts on it 16 clocks ahead; 1800 steps: on a
+    # fast machine the last 1200 take about a second (400 took 0.35 s, and single
+    # rounds spread 0.8-1.2x)
+    steps, batch, ahead = 1800, 4096, 16
     measured = steps - zipf_warm(steps)
     for per_rank, what in ((False, "hot keys shared by both ranks"), (True, "each rank its own hot keys")):
-        # alternate the variants five times and keep the medians (a noisy shared machine:
-        # single pairs of runs spread 0.86-1.11x with the same build)
+        # alternate the variants and keep the median of the per-round ratios (a noisy shared
+        # machine whose speed drifts: single pairs of runs spread 0.86-1.11x with the same build)
         t_none, t_all, t_shm, c_none, c_all = [], [], [], [], []
         st: dict[str, float] = {}
-        for _ in range(5):
+        for _ in range(ZIPF_ROUNDS):
             t, st = zipf_run("none", nk, steps, batch, ahead, per_rank)
             t_none.append(t)
             c_none.append(st["cpu_ms_per_step"])
@@ -361,7 +371,8 @@ def main() -> None:
         tn, ta, ts = (float(np.median(x)) for x in (t_none, t_all, t_shm))
         moved = st["intent_moved"] / max(1, st["intent_moved"] + st["intent_classic"])
         # intent's own effect: both variants exchange messages only (as ranks on different hosts)
-        r = tn / ta
+        ratios = [a / b for a, b in zip(t_none, t_all)]
+        r = float(np.median(ratios))
         emit(
             f"Zipf(1.1) {nk // 1000}k keys x 64, batch 4096, {what}, messages only, one host: time without / with"
             " intent",
@@ -375,6 +386,8 @@ def main() -> None:
             share_of_intents_moved=moved,
             intent_all_keys_at_end=st["intent_all_keys"],
             ledger_switches=st["intent_switches"],
+            ratio_q1=float(np.percentile(ratios, 25)),
+            ratio_q3=float(np.percentile(ratios, 75)),
         )
         # what a user on one node gets: kvps (intent + shared memory) vs a classic parameter server
         r = tn / ts
