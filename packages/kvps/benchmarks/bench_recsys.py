@@ -246,11 +246,12 @@ def optimizer_push(shm: bool) -> None:
         return t
 
     t_client, t_server = [], []
-    for _ in range(3):  # alternate, keep the medians (a shared, noisy machine)
+    for _ in range(7):  # alternate; the median of the per-round ratios (a shared machine whose speed drifts)
         t_client.append(client())
         t_server.append(server_side())
     tc, ts = float(np.median(t_client)), float(np.median(t_server))
-    r = tc / ts
+    ratios = [c / v for c, v in zip(t_client, t_server)]
+    r = float(np.median(ratios))
     where = "one host (shared memory)" if shm else "messages (as across hosts)"
     emit(
         f"embedding {rows // 1000}k x {dim}, batch {batch} Zipf ids/rank, {where}: server-side row-wise Adagrad "
@@ -260,6 +261,8 @@ def optimizer_push(shm: bool) -> None:
         r >= 1.5,
         steps_per_s_server_side=steps / ts,
         steps_per_s_client_side=steps / tc,
+        ratio_q1=float(np.percentile(ratios, 25)),
+        ratio_q3=float(np.percentile(ratios, 75)),
     )
 
 
