@@ -156,6 +156,29 @@ def forward_decides() -> None:
     close([p.grad for p in net.parameters()], averaged(mine), "eval forward in between")
 
 
+def buckets_start_during_backward() -> None:
+    """The last layer's buckets leave while autograd still computes the first layer's gradients;
+    with the default 25 MB the whole model is one bucket."""
+    torch.manual_seed(5)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)
+    ).to(D)
+    assert mpiad.DataParallel(copy.deepcopy(net)).bucket_count == 1
+    dp = mpiad.DataParallel(net, bucket_cap_mb=0.0001)
+    assert dp.bucket_count >= 3, dp.bucket_count
+    seen: list[bool] = []
+
+    def first_layer(g: torch.Tensor) -> None:  # runs when the gradient is computed, before it is accumulated
+        seen.append(dp._buckets[0].req is not None)
+
+    net[0].weight.register_hook(first_layer)
+    x = torch.randn(3, 4, dtype=D, generator=torch.Generator().manual_seed(rank))
+    want = averaged(local_grads(net, x))
+    dp(x).sum().backward()
+    assert seen == [True], "the first bucket had not started when the first layer's gradient was computed"
+    close([p.grad for p in net.parameters()], want, "buckets during backward")
+
+
 class _Shared(torch.nn.Module):
     """One Linear applied in two reentrant (or not) checkpoints: two gradients per backward."""
 
@@ -252,6 +275,7 @@ def warns(words: str) -> Iterator[None]:
 train("mlp", set_to_none=True)
 train("transformer", set_to_none=False)
 forward_decides()
+buckets_start_during_backward()
 checkpointed()
 failed_backward()
 
