@@ -37,12 +37,13 @@ import torch
 from . import _mpiad
 from ._checks import CODE, check_tensor
 from ._comm import Communicator
-from ._constants import MPI_AVG
+from ._constants import MPI_AVG, MPI_SUM
 from ._errors import MpiadTypeError, MpiadValueError
 from ._signatures import NONBLOCKING, OP_ALLREDUCE, debug_check
 from ._staging import cuda_aware, sync_device, write_back
 
 Tensor = torch.Tensor
+_HALF = (torch.float16, torch.bfloat16)
 
 
 class _Bucket:
@@ -258,17 +259,23 @@ class DataParallel(torch.nn.Module):
                         view.copy_(p.grad)
                     flat[bucket.grad_numel + i] = 1
         h = self.comm.handle
-        debug_check(h, OP_ALLREDUCE + NONBLOCKING, flat, MPI_AVG)
+        op = MPI_AVG
         src, dst = flat, bucket.out
+        if flat.dtype in _HALF:
+            # divide first, as DDP's default hook does: a sum of 16-bit gradients
+            # overflows where their average fits; the all-reduce then sums in place
+            with torch.no_grad():
+                torch.div(flat, self.comm.size, out=dst)
+            src, op = dst, MPI_SUM
+        debug_check(h, OP_ALLREDUCE + NONBLOCKING, flat, op)
         if flat.is_cuda:
             if cuda_aware():
-                sync_device(flat)
+                sync_device(src)
             else:
-                src = dst = bucket.host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-                src.copy_(flat)
-        bucket.req = _mpiad.iallreduce(
-            h, src.data_ptr(), dst.data_ptr(), src.nbytes, CODE[src.dtype], MPI_AVG, (src, dst)
-        )
+                host = bucket.host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+                host.copy_(src)
+                src = dst = host
+        bucket.req = _mpiad.iallreduce(h, src.data_ptr(), dst.data_ptr(), src.nbytes, CODE[src.dtype], op, (src, dst))
 
     def _wait_all(self) -> None:
         """Start what is left (buckets with unused parameters), in order, and wait for every bucket."""

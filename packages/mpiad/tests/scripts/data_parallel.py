@@ -179,6 +179,26 @@ def buckets_start_during_backward() -> None:
     close([p.grad for p in net.parameters()], want, "buckets during backward")
 
 
+class _Scale(torch.nn.Module):
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(3, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.w * x).sum()
+
+
+def half_buckets() -> None:
+    """16-bit gradients whose sum over the ranks overflows but whose average fits (divided first, as DDP)."""
+    for dtype, big in ((torch.float16, 60000.0), (torch.bfloat16, 3.0e38)):
+        net = _Scale(dtype)
+        dp = mpiad.DataParallel(net)
+        x = torch.full((3,), big, dtype=dtype) * torch.tensor([1.0, 0.5, -1.0], dtype=dtype)
+        dp(x).backward()
+        assert torch.isfinite(net.w.grad).all(), (dtype, net.w.grad)
+        assert torch.equal(net.w.grad, x), (dtype, net.w.grad, x)  # every rank the same gradient: its average
+
+
 class _Shared(torch.nn.Module):
     """One Linear applied in two reentrant (or not) checkpoints: two gradients per backward."""
 
@@ -276,6 +296,7 @@ train("mlp", set_to_none=True)
 train("transformer", set_to_none=False)
 forward_decides()
 buckets_start_during_backward()
+half_buckets()
 checkpointed()
 failed_backward()
 
