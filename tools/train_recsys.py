@@ -376,6 +376,10 @@ def main(argv: list[str]) -> int:
     table = torch.empty(cfg.users * cfg.dim)
     worker.pull(torch.arange(cfg.users), table)
     fingerprint = digest(model, table)
+    server.barrier()
+    worker.finalize()
+    server.shutdown()
+    # (blocking MPI collectives of the application only once the server is gone: save())
     fingerprints = allgather_json(fingerprint, WORLD)
     if rank == 0:
         acc = history[-1][2] if len(history[-1]) > 2 else float("nan")
@@ -398,9 +402,6 @@ def main(argv: list[str]) -> int:
             f"state digest per rank {fingerprints}",
             flush=True,
         )
-    server.barrier()
-    worker.finalize()
-    server.shutdown()
     wm_comm.destroy()
     wg.finalize_lib()
     dist.destroy_process_group()
@@ -437,7 +438,9 @@ def save(model: nn.Module, server: Any, ckpt_dir: Path, step: int, history: list
     state = ts.collect_state_dict(model, model.state_dict())
     checkpoint.save_state_dict(state, checkpoint.FileSystemWriter(str(target / "model")))
     server.save(str(target / "kvps"))
-    WORLD.Barrier()
+    # kvps's barrier, not MPI_Barrier: a blocking MPI collective of the application while
+    # the server's progress thread talks to another host can hang (kvps README, Limitations)
+    server.barrier()
     if rank == 0:
         tmp = ckpt_dir / "latest.json.tmp"
         tmp.write_text(json.dumps({"step": step, "dir": target.name, "history": history}))
@@ -445,7 +448,7 @@ def save(model: nn.Module, server: Any, ckpt_dir: Path, step: int, history: list
         for old in ckpt_dir.glob("step-*"):
             if old != target:
                 shutil.rmtree(old, ignore_errors=True)
-    WORLD.Barrier()
+    server.barrier()
 
 
 def plot(history: list, baseline: float, path: Path) -> None:
