@@ -74,8 +74,7 @@ class _Bucket:
         return buf[self.offsets[i] : self.offsets[i] + p.numel()].view_as(p)
 
     def reset(self) -> None:
-        self.ready = 0
-        self.marked = [False] * len(self.params)  # which parameters' gradients are complete this round
+        self.marked: set[int] = set()  # the parameters whose gradients are complete this round
         self.req: Any = None
         self.host: Tensor | None = None  # pinned staging copy of a CUDA bucket (MPI not CUDA-aware)
 
@@ -220,7 +219,7 @@ class DataParallel(torch.nn.Module):
             if not self._armed:
                 return
             bucket = self._buckets[b]
-            if bucket.marked[i]:
+            if i in bucket.marked:
                 # a second gradient in one backward (a parameter used in two reentrant
                 # checkpoints): still in time while its bucket waits, else it would be lost
                 if bucket.req is not None:
@@ -230,17 +229,16 @@ class DataParallel(torch.nn.Module):
                         "with use_reentrant=True); use use_reentrant=False, as torch DDP requires"
                     )
                 return
-            bucket.marked[i] = True
+            bucket.marked.add(i)
             if not self._round_open:
                 self._round_open = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._finish)
-            bucket.ready += 1
             self._start_ready()
 
         return hook
 
     def _start_ready(self) -> None:
-        while self._next < len(self._buckets) and self._buckets[self._next].ready == len(
+        while self._next < len(self._buckets) and len(self._buckets[self._next].marked) == len(
             self._buckets[self._next].params
         ):
             self._start(self._buckets[self._next])

@@ -14,6 +14,7 @@ differentiable again (double backward), as for the blocking ops.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,9 +36,9 @@ def _link(h: WaitHandle) -> Link:
     return h.link
 
 
-def _saved_result(h: WaitHandle) -> Tensor | None:
-    get = _link(h).saved
-    return get() if get is not None else None
+def _unpack(saved: Callable[[], Tensor] | None) -> Tensor | None:
+    """A saved tensor (``saved_tensor``'s getter, checked), or None where nothing was saved."""
+    return saved() if saved is not None else None
 
 
 def _zeros(g: Tensor | None, shape: Any, like: Tensor) -> Tensor:
@@ -58,9 +59,9 @@ def iallreduce(c: Communicator, t: Tensor, op: int) -> WaitHandle:
 
     def finish(h: WaitHandle) -> Tensor:
         gs = c.Wait(h)
-        y = _saved_result(handle)
+        y = _unpack(_link(handle).saved)
         be = EagerBackend(c.handle, c.rank, c.size)
-        return _grad.allreduce_backward_finish(be, gs, saved() if saved else None, y, op, c.rank, c.size)
+        return _grad.allreduce_backward_finish(be, gs, _unpack(saved), y, op, c.rank, c.size)
 
     handle = make_handle(t, "Iallreduce", pending, start, finish, keep_result=keep)
     return handle
@@ -96,7 +97,7 @@ def ireduce(c: Communicator, t: Tensor, op: int, root: int) -> WaitHandle:
 
     def finish(h: WaitHandle) -> Tensor:
         gr = c.Wait(h)
-        y = _saved_result(handle)
+        y = _unpack(_link(handle).saved)
         be = EagerBackend(c.handle, c.rank, c.size)
         return _grad.reduce_backward_finish(be, gr, xin, y, op, root, c.rank, c.size)
 
