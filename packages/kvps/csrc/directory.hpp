@@ -28,7 +28,7 @@ enum Flag : uint8_t {
   F_INCOMING = 8,   // a replica whose key is being relocated here
   F_NOTICED = 16,   // the home announced the key; wait_sync waits for its value
   F_UNTOLD = 32,    // this rank intends the key but did not tell the home (nothing to drop there)
-  F_FRESH = 64,     // the last intent did not recur (intent.hpp, ReuseModel)
+  F_MOVED = 64,     // told the home to move the key here for a one-clock window; outcome not yet seen (ReuseModel)
   F_IN_RLIST = 128, // listed in the replica list
 };
 
@@ -51,7 +51,7 @@ struct Meta {
   uint8_t flags = 0;      // Flag bits; progress thread only
   uint8_t dirty = 0;      // replica updated locally since its last refresh
   uint8_t plain = 0;      // this rank told the home of its intent without asking for a replica (intent.hpp)
-  uint8_t localized = 0;  // localize() asked for the key here, and it has not left since; progress thread only
+  uint8_t taken = 0;      // a key this rank held was taken away by another rank (contested); progress thread only
   uint16_t want = 0;      // active intents of this rank's workers
   int32_t hint = 0;       // where requests go (a routing hint)
   uint32_t ver = 0;       // version of the value held here (owner: bumped by every update)
@@ -98,7 +98,7 @@ class Directory {
       m.dirty = 0;
       m.want = 0;
       m.plain = 0;
-      m.localized = 0;
+      m.taken = 0;
       m.last = 0;
       m.imask = 0;
     }

@@ -59,7 +59,6 @@ enum Technique : int { T_ALL = 0, T_REPL_ONLY = 1, T_RELOC_ONLY = 2, T_NONE = 3 
 enum CmdType : int32_t {
   C_ROUTE = 100,  // send a pull/push/set (`op`) of keys held elsewhere to their owners
   C_LOCALIZE,     // relocate keys here now
-  C_LOCALIZED,    // keys localize() found here already: mark them localized (the mark is the progress thread's)
   C_INTENT,       // an intent window [a, b) of a worker
   C_CLOCK,        // a worker advanced its clock to a: activate intents, maybe refresh replicas
   C_SYNC,         // wait_sync: a sync round; done when every internal operation finished
@@ -106,6 +105,7 @@ class DecayingShare {
   }
   void hit() { hits_ += 1; }
   bool at_least_half() const { return hits_ >= 0.5 * events_; }
+  double value() const { return events_ > 0 ? hits_ / events_ : 1.0; }
 
  private:
   static constexpr double kDecay = 1.0 - 1.0 / 2048;
@@ -115,16 +115,41 @@ class DecayingShare {
 /// The judgment whether moving a key here pays (see intent.hpp).
 class ReuseModel {
  public:
-  /// A key whose next window starts at most `lookahead` clocks after its last
-  /// window here ended recurs: that intent takes effect before the drop.
-  explicit ReuseModel(int64_t lookahead)
-      : horizon_(static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(lookahead, 0), INT32_MAX))) {}
+  /// A move for a one-clock window is judged by whether a later intent of
+  /// this rank finds the key still here within `horizon` clocks.
+  explicit ReuseModel(int64_t lookahead) : horizon_(std::max<int64_t>(4 * std::max<int64_t>(lookahead, 1), kMinHorizon)) {}
   struct Seen {
-    bool recurs;  // its next intent takes effect before a replica of it would be dropped
-    bool steady;  // its window starts no later than its last window here ended
+    bool recurs;  // its last window here ended at most `horizon` clocks before this one starts
+    bool steady;  // its window starts no later than its last window here ended (consecutive clocks)
   };
+  /// Records an intent of key record `m` for clocks [start, end).
   Seen note(Meta& m, int64_t start, int64_t end);
-  bool worth_moving(int64_t window, bool recurs) const;
+  /// Whether to ask the home to move key record `m` here for a window of
+  /// `window` clocks: a longer window announces several uses, and so does a
+  /// key that recurs here and no other rank took from here before; else
+  /// whether most such moves of keys of its kind got a second use here.
+  bool worth_moving(int64_t window, const Meta& m, bool recurs) const {
+    return window >= 2 || (recurs && !m.taken) || share(m).at_least_half();
+  }
+  /// This rank told the home to move key k here for a one-clock window at `clock`.
+  void told(int64_t k, Meta& m, int64_t clock);
+  /// An intent of this rank for key record `m` while the key is here (or on
+  /// its way here): a move it asked for got a second use.
+  void used_again(Meta& m) {
+    if (!(m.flags & F_MOVED)) return;
+    m.flags &= static_cast<uint8_t>(~F_MOVED);
+    share(m).event();
+    share(m).hit();
+  }
+  /// Key record `m` leaves this rank for another rank (or a later intent found
+  /// it not here): a move not used again was one use.
+  void missed(Meta& m) {
+    if (!(m.flags & F_MOVED)) return;
+    m.flags &= static_cast<uint8_t>(~F_MOVED);
+    share(m).event();
+  }
+  /// Moves whose second use did not come within the horizon were one use.
+  void expire(int64_t clock, Meta* meta);
   /// An intent of a key this rank holds a replica of, or was told to access
   /// without one (intent.hpp): `steady` when it is used in consecutive clocks.
   void note_replica_use(bool steady) {
@@ -134,11 +159,20 @@ class ReuseModel {
   /// Whether replicas of keys not used in consecutive clocks pay here: while at
   /// least half of the uses of such keys were steady (at first: as AdaPM does).
   bool replicas_pay() const { return replica_uses_.at_least_half(); }
+  /// Shares of one-clock moves that got a second use here (fresh / contested keys).
+  double fresh_share() const { return fresh_.value(); }
+  double contested_share() const { return contested_.value(); }
 
  private:
-  int32_t horizon_;
-  DecayingShare fresh_;         // fresh keys (hit: the key recurred)
-  DecayingShare replica_uses_;  // uses of replicated keys (hit: steady)
+  // keys never taken away from here, and keys another rank took away before
+  // (shared keys that move back and forth): their moves pay differently
+  DecayingShare& share(const Meta& m) { return m.taken ? contested_ : fresh_; }
+  const DecayingShare& share(const Meta& m) const { return m.taken ? contested_ : fresh_; }
+  static constexpr int64_t kMinHorizon = 16;
+  int64_t horizon_;
+  DecayingShare fresh_, contested_;  // one-clock moves (hit: a second use here)
+  DecayingShare replica_uses_;       // uses of replicated keys (hit: steady)
+  std::deque<std::pair<int64_t, int64_t>> awaiting_;  // (deadline clock, key) of moves told, in clock order
 };
 
 /// Intents take effect in rounds every this many clocks (intent.hpp): with
@@ -386,7 +420,6 @@ class Engine {
   void on_repl_grant(const MsgView& m, Outbox& ob);
   void on_bye(int src);
   void share_ledger();
-  void send_home(Outbox& ob);
   void serve(int32_t type, int32_t origin, int64_t ts, int64_t pos, int64_t k, const char* val, Outbox& ob);
   void handover(int64_t k, const char* v, uint32_t ver, Outbox& ob);
   void start_localize(const std::vector<int64_t>& keys, int64_t ts, Outbox& ob);
@@ -427,7 +460,7 @@ class Engine {
   /// (ledger.hpp), their few keys per round would cost a burst of small
   /// messages every clock; rounds as between nodes batch them.
   int64_t intent_round() const { return ledger_.all_keys() ? intent_round_ : probe_round_; }
-  void drop_intents(const std::vector<int64_t>& drop, const std::vector<uint8_t>& gated, Outbox& ob);
+  void drop_intents(const std::vector<int64_t>& drop, Outbox& ob);
   void release_replica(Meta& m, int64_t k, std::map<int, Builder>& flushes);
   void send_flushes(std::map<int, Builder>& flushes, Outbox& ob);
   void send_intent(int32_t type, const std::vector<int64_t>& keys, const std::vector<uint8_t>* replica, Outbox& ob);
@@ -665,11 +698,10 @@ inline int64_t Engine::localize(int worker, const int64_t* keys, int64_t n) {
   std::vector<int64_t> u(keys, keys + n);
   std::sort(u.begin(), u.end());
   u.erase(std::unique(u.begin(), u.end()), u.end());
-  Cmd c, here;
+  Cmd c;
   c.type = C_LOCALIZE;
-  here.type = C_LOCALIZED;
-  for (int64_t k : u) (key_state(k) != OWNED ? c.keys : here.keys).push_back(k);
-  if (!here.keys.empty()) post(std::move(here));  // (before the move: one queue, in order)
+  for (int64_t k : u)
+    if (key_state(k) != OWNED) c.keys.push_back(k);
   if (c.keys.empty()) return -1;
   const int64_t todo = static_cast<int64_t>(c.keys.size());
   return submit(std::move(c), todo, worker);

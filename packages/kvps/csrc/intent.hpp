@@ -15,26 +15,30 @@
 // (several). When the window ends the rank drops the intent; a replica with
 // updates flushes them to the owner.
 //
+// Relocation sticks (AdaPM's semantics): a key moved here stays when its
+// window ends, until another rank's intent (or localize) takes it; an intent
+// for a key held here costs no message at all. Only replicas leave with their
+// window.
+//
 // The cost model. Moving a key here costs about as much engine work as one
-// or two remote accesses (the intent at the home, the transfer and handover,
-// the drop; README, Benchmarks); afterwards its accesses are local. So a move
-// pays when the key will be used here at least twice before it leaves. A
-// replica leaves when its window ends, unless its next intent here has taken
-// effect by then: that is when the next window starts at most `lookahead`
-// clocks after the last one ended. Such a key is recurring: it moves once and
-// stays for both windows. A key whose next window comes later moves in and
-// out for every window, one use per move. (A relocated key stays until
-// another rank's intent takes it; an intent for a key held here moves
-// nothing.) Expected uses: one per clock of the window,
-// plus the windows of a recurring key. A window of two clocks or more, or a
-// recurring key, moves. A key not recurring (fresh) with a one-clock window
-// moves only if fresh keys of this rank usually recur, i.e. if the observed
-// share of fresh keys intended again in time is at least one half. That share
-// starts at 1 (every intent moves its keys, as AdaPM does) and follows the
-// workload: the one-off tail keys of a skewed workload, and the keys that come
-// back only after their last move was undone, stay at their owners and are
-// accessed the classic way; the keys that recur move. A fresh key left in place
-// that then recurs is moved at once.
+// or two remote accesses (the intent at the home, the transfer and handover;
+// README, Benchmarks); afterwards every access here is local for as long as
+// the key stays. So a move pays when the key is used here again before it
+// leaves. A window of two clocks or more announces several uses and always
+// moves, and so does a key that recurs here (its last window here ended at
+// most four lookaheads before) unless another rank took it from here before.
+// For other one-clock windows the rank looks at what its earlier such moves
+// got: a move whose key a later intent of this rank finds still here (within
+// a horizon of four lookaheads) got a second use; one whose key another rank
+// took first, or that was not intended here again in time, got one. While at
+// least half of the moves of such keys got a second use, they move; else the
+// key is accessed the classic way, at its owner. The share starts at 1 (every
+// intent moves its keys, as AdaPM does), decays over the last few thousand
+// moves, and is kept apart for keys no other rank took from here before
+// (a worker's own rows, which stay for good) and keys another rank did take
+// (shared keys, which move back and forth): one kind of key paying does not
+// make the other move. A key left at its owner is moved once the share of its
+// kind recovers.
 //
 // Replicas. With several intending ranks the home grants replicas, and a
 // replica is refreshed every sync round from the round its intent takes effect
@@ -52,37 +56,33 @@
 
 namespace kvps {
 
-/// Records an intent of key record `m` for clocks [start, end): whether the
-/// key recurs (its last window here ended at most horizon_ clocks before
-/// `start`) and whether it is steady (that window ended at `start` or later).
 inline ReuseModel::Seen ReuseModel::note(Meta& m, int64_t start, int64_t end) {
   // clocks + 1 (0 marks "never"), compared modulo 2^32
   const uint32_t s = static_cast<uint32_t>(start) + 1;
   const uint32_t e = static_cast<uint32_t>(end) + 1;
   const int32_t gap = static_cast<int32_t>(s - m.last);
-  const bool recurs = m.last != 0 && gap <= horizon_;
-  if (m.flags & F_FRESH) {
-    m.flags &= static_cast<uint8_t>(~F_FRESH);
-    if (recurs) fresh_.hit();  // a fresh key came back
-  }
-  if (!recurs) {
-    m.flags |= F_FRESH;
-    fresh_.event();
-  }
-  const bool steady = m.last != 0 && gap <= 0;
+  const Seen seen{m.last != 0 && gap <= horizon_, m.last != 0 && gap <= 0};
   if (m.last == 0 || static_cast<int32_t>(e - m.last) > 0) m.last = e;
-  return {recurs, steady};
+  return seen;
 }
 
-inline bool ReuseModel::worth_moving(int64_t window, bool recurs) const {
-  return window >= 2 || recurs || fresh_.at_least_half();
+inline void ReuseModel::told(int64_t k, Meta& m, int64_t clock) {
+  if (m.flags & F_MOVED) missed(m);  // (an earlier move not used again: one use)
+  m.flags |= F_MOVED;
+  awaiting_.emplace_back(clock + horizon_, k);
+}
+
+inline void ReuseModel::expire(int64_t clock, Meta* meta) {
+  while (!awaiting_.empty() && awaiting_.front().first <= clock) {
+    missed(meta[awaiting_.front().second]);  // (no-op when resolved since)
+    awaiting_.pop_front();
+  }
 }
 
 inline void Engine::process_intents(int w, Outbox& ob) {
   const int64_t c = clocks_[w].load();
   const bool keep_owned = tech_ == T_ALL || tech_ == T_REPL_ONLY;
   std::vector<int64_t> add, drop;
-  std::vector<uint8_t> drop_gated;  // per key of `drop`: its last window was one the ledger gates
   std::vector<uint8_t> add_replica;  // per key of `add`: ask for a replica where others intend it too
   std::map<int, Builder> flushes;    // per hinted owner: the updates of released replicas
   auto& pend = pending_intents_[w];
@@ -99,7 +99,13 @@ inline void Engine::process_intents(int w, Outbox& ob) {
       Meta& m = meta_[k];
       ledger_.cost(k, IntentCosts::kWindow);
       const ReuseModel::Seen seen = reuse_.note(m, e.start, e.end);
-      const bool recurs = seen.recurs;
+      // (state: written by this thread only)
+      const bool here = m.state == OWNED || m.state == INCOMING || (m.flags & F_INCOMING);
+      if (here) {
+        reuse_.used_again(m);  // a move asked for earlier got a second use
+      } else {
+        reuse_.missed(m);  // taken away before this use, or not moved at all
+      }
       // A replica is refreshed every sync round while it lives, so it pays for a
       // key used every clock (a window of several clocks, or windows back to
       // back). For other keys it pays only while most uses of replicated keys
@@ -110,14 +116,14 @@ inline void Engine::process_intents(int w, Outbox& ob) {
       auto tell = [&] {  // (told: its drop must reach the home too)
         ledger_.cost(k, IntentCosts::kTell);
         m.flags &= static_cast<uint8_t>(~F_UNTOLD);
+        if (window < 2) reuse_.told(k, m, c);
         add.push_back(k);
         add_replica.push_back(replica);
         m.plain = !replica;
       };
-      // (state: written by this thread only)
       if (m.want++ != 0) {
-        if ((m.flags & F_UNTOLD) && recurs && m.state != OWNED) {
-          tell();  // wanted already, but left at its owner: it recurs now, so move it
+        if ((m.flags & F_UNTOLD) && m.state == NOT_HERE && reuse_.worth_moving(window, m, seen.recurs)) {
+          tell();  // wanted already, but left at its owner: moving pays now
         } else if (m.plain && replica && m.state == NOT_HERE) {
           tell();  // told without a replica, and used every clock now: ask for one
         } else if (!replica && m.state == REPLICA && !(m.flags & F_INCOMING)) {
@@ -127,11 +133,12 @@ inline void Engine::process_intents(int w, Outbox& ob) {
         continue;
       }
       if (keep_owned && m.state == OWNED) {
-        // held here already: no need to tell the home. Should another
-        // rank's intent move the key away, the transfer leaves a replica
-        // here while this rank still wants it (see serve(M_TRANSFER)).
+        // held here already (it stays: relocation sticks): no need to tell
+        // the home. Should another rank's intent move the key away, the
+        // transfer leaves a replica here while this rank still wants it (see
+        // serve(M_TRANSFER)).
         m.flags |= F_UNTOLD;
-      } else if (!reuse_.worth_moving(window, recurs)) {
+      } else if (!reuse_.worth_moving(window, m, seen.recurs)) {
         m.flags |= F_UNTOLD;  // accessed the classic way, at its owner
         ++n_classic_;
       } else {
@@ -148,62 +155,33 @@ inline void Engine::process_intents(int w, Outbox& ob) {
     for (int64_t i = 0; i < ne; ++i) {
       ahead(e.keys.data(), ne, i, false);
       const int64_t k = e.keys[i];
-      if (--meta_[k].want == 0) {
-        drop.push_back(k);
-        drop_gated.push_back(IntentLedger::gated(e.start, e.end));
-      }
+      if (--meta_[k].want == 0) drop.push_back(k);
     }
   }
   send_flushes(flushes, ob);
   n_told_ += static_cast<int64_t>(add.size());
   if (!add.empty()) send_intent(M_INTENT_ADD, add, &add_replica, ob);
-  if (!drop.empty()) drop_intents(drop, drop_gated, ob);
+  if (!drop.empty()) drop_intents(drop, ob);
 }
 
 /// Intents that ended: replicas are dropped (their updates flushed to the
-/// owner), and the home hears of the drops of intents it was told of. While
-/// intent does not pay (ledger.hpp) a drop of a key the ledger held back
-/// (`gated`, not a probe key, not localized here) says so (pos = 1): the home
-/// moves the key back (home_intent).
-inline void Engine::drop_intents(const std::vector<int64_t>& drop, const std::vector<uint8_t>& gated,
-                                 Outbox& ob) {
+/// owner), and the home hears of the drops of intents it was told of. A key
+/// this rank owns stays here (relocation sticks).
+inline void Engine::drop_intents(const std::vector<int64_t>& drop, Outbox& ob) {
   std::map<int, Builder> flushes;  // per hinted owner: the updates of dropped replicas
   std::vector<int64_t> told;
-  std::vector<uint8_t> stay;  // (pos of M_INTENT_DROP)
-  const bool paused = !ledger_.all_keys();
-  for (size_t i = 0; i < drop.size(); ++i) {
-    const int64_t k = drop[i];
+  for (int64_t k : drop) {
     Meta& m = meta_[k];
     m.plain = 0;
     if (m.flags & F_UNTOLD) {
       m.flags &= static_cast<uint8_t>(~F_UNTOLD);
     } else {
       told.push_back(k);
-      // (a key localize() put here stays: localize is an explicit placement)
-      stay.push_back(paused && gated[i] && !IntentLedger::probe(k) && !m.localized);
     }
     release_replica(m, k, flushes);
   }
   send_flushes(flushes, ob);
-  if (!told.empty()) send_intent(M_INTENT_DROP, told, &stay, ob);
-}
-
-/// While intent is paused (ledger.hpp): the keys held here that no intent of
-/// this rank wants go back home, as in the classic server (home_intent), also
-/// the probe keys a probe slice moved here. A key away from its home costs
-/// every other rank's request for it a forward from the home. Keys the
-/// application localized here stay: localize is an explicit placement.
-inline void Engine::send_home(Outbox& ob) {
-  std::vector<int64_t> keys;
-  sh_.for_each_foreign([&](int64_t k) {
-    const Meta& m = meta_[k];  // (state and flags: written by this thread only)
-    if (m.state == OWNED && m.want == 0 && !m.localized && !(m.flags & F_INCOMING) &&
-        !shm_.reaches(dir_.home(k), rank_))
-      keys.push_back(k);
-  });
-  if (keys.empty()) return;
-  const std::vector<uint8_t> home(keys.size(), 1);
-  send_intent(M_INTENT_DROP, keys, &home, ob);
+  if (!told.empty()) send_intent(M_INTENT_DROP, told, nullptr, ob);
 }
 
 /// This rank's probe gains and costs, to every other rank (ledger.hpp).
@@ -264,9 +242,8 @@ inline void Engine::send_intent(int32_t type, const std::vector<int64_t>& keys, 
 /// if it asked for one (`replica`, per key: see process_intents; the earlier
 /// intenders hold the key or their replicas already, or did not ask). A rank
 /// that reaches the owner's shard in place needs neither. When a drop leaves
-/// one intending rank, the key moves there; but a drop of a rank that stopped
-/// intent because it does not pay (`replica` set, drop_intents) moves the key
-/// home once no rank intends it, and nowhere else.
+/// one intending rank, the key moves there; when it leaves none, the key
+/// stays where it is (relocation sticks).
 inline void Engine::home_intent(int32_t type, int32_t r, const int64_t* keys, const int64_t* replica, int64_t n,
                                 Outbox& ob) {
   const bool moving = !shutting_down_;
@@ -292,11 +269,7 @@ inline void Engine::home_intent(int32_t type, int32_t r, const int64_t* keys, co
     } else {
       dir_.intender_remove(k, r);
       if (!moving || tech_ != T_ALL) continue;
-      const int left = dir_.intender_count(k);
-      if (replica[i] != 0) {
-        // intent stopped because it does not pay: as in the classic server, the key goes home
-        if (left == 0 && !shm_.reaches(rank_, meta_[k].owner)) relocate(k, rank_, ob);
-      } else if (left == 1) {
+      if (dir_.intender_count(k) == 1) {
         int q = -1;
         dir_.for_intenders(k, [&](int x) { q = x; });
         if (!shm_.reaches(q, meta_[k].owner)) relocate(k, q, ob);

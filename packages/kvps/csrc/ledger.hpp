@@ -34,14 +34,10 @@
 // gains exceed its costs again, intent resumes. Each change waits until the gains of the last one could be
 // seen (the lookahead) and needs a margin, so the choice does not flap.
 //
-// A rank whose intent for a key ends while intent is paused tells the home so
-// (intent.hpp): the key goes back home once no rank intends it, as in the
-// classic server, instead of to the rank whose intent ends a round later
-// (which would gather the shared keys on the ranks that paused last). Once
-// per slice a paused rank also sends home every key it holds that no intent
-// of its own wants (the keys moved before the pause, the probe's keys after
-// its slice): a key away from its home costs every other rank's request for
-// it a forward.
+// Keys moved before a pause stay where they are (relocation sticks,
+// intent.hpp): they keep serving their rank locally, and their probe keys keep
+// counting as gains, so a workload whose moved keys pay over their whole stay
+// (a worker's own rows) shows it, and intent resumes.
 //
 // So where intent does not pay it costs about the probe's share of its
 // overhead, and the choice follows the workload. The ledger applies to the
@@ -166,10 +162,6 @@ class IntentLedger {
   /// those of one clock, whose reuse the cost model infers. A longer window
   /// announces several uses, and its keys always go through intent.
   static bool gated(int64_t start, int64_t end) { return end - start < 2; }
-  /// While paused: whether to send home the keys held for no intent now
-  /// (Engine::send_home): once per slice of clocks, two clocks into it (the
-  /// last windows of the slice before have ended then).
-  bool sweep_due(int64_t clock) const { return !all_keys() && clock % slice_ == 2; }
   /// While paused: whether the probe keys of a window starting at clock `start` go through intent.
   bool probing(int64_t start) const {
     return start >= 0 && (start / slice_) % duty_.load(std::memory_order_relaxed) == 0;
@@ -181,8 +173,12 @@ class IntentLedger {
   int64_t switches() const { return switches_.load(std::memory_order_relaxed); }
 
  private:
-  static constexpr int64_t kMemoryClocks = 16;  // the sums' memory while intent is on
-  static constexpr int64_t kMinClocks = 16;     // a judgment waits the lookahead and this many clocks
+  // The sums' memory while intent is on, and how long a judgment waits after
+  // the lookahead: long enough for keys moved here to be used here again a few
+  // times (a move is paid once; what it saves comes with every later use while
+  // the key stays), so that the burst of first moves is not judged alone.
+  static constexpr int64_t kMemoryClocks = 128;
+  static constexpr int64_t kMinClocks = 64;
   static constexpr double kLeave = 0.9, kReturn = 1.25;  // (a change costs moves: only for a clear gain)
   static constexpr int64_t kShareClocks = 4;  // how often a rank sends its sums (M_LEDGER)
   static constexpr int64_t kDuty = 8, kMaxDuty = 64, kMinSlice = 16;  // the paused probe: 1 slice of clocks in duty_

@@ -117,12 +117,6 @@ inline void Engine::handle_cmd(Cmd& c) {
     case C_LOCALIZE:
       start_localize(c.keys, c.ts, ob);
       break;
-    case C_LOCALIZED:
-      for (int64_t k : c.keys) {
-        Meta& m = meta_[k];
-        if (m.state == OWNED) m.localized = 1;  // (a key taken away since keeps no mark)
-      }
-      break;
     case C_INTENT:
       pending_intents_[c.worker].insert({c.a, IntentEntry{c.a, c.b, std::move(c.keys)}});
       // at once if the next intent round would come too late for it (intent.hpp)
@@ -134,7 +128,7 @@ inline void Engine::handle_cmd(Cmd& c) {
       // (not to peers of a failed job: one may be gone)
       if (c.worker == 0 && c.a % intent_round_ == 0 && ledger_.settle() && !shutting_down_ && !reqs_.failed())
         share_ledger();
-      if (c.worker == 0 && ledger_.sweep_due(c.a) && !shutting_down_ && !reqs_.failed()) send_home(ob);
+      if (c.worker == 0) reuse_.expire(c.a, meta_);
       finish(ob);
       {
         std::lock_guard<std::mutex> lk(clock_mu_);
@@ -483,7 +477,8 @@ inline void Engine::serve(int32_t type, int32_t origin, int64_t ts, int64_t pos,
         break;
       case M_TRANSFER:
         ob.to(origin, M_HANDOVER, rank_, 0).put(k, m.ver, slot, lay.slot_bytes(k));
-        m.localized = 0;
+        reuse_.missed(m);  // (a move here not used again: it got one use)
+        m.taken = 1;       // another rank wants this key too
         m.hint = origin;
         if (m.want > 0 && (tech_ == T_ALL || tech_ == T_REPL_ONLY) && !shutting_down_) {
           reps_.keep(dir_, sh_, k);  // still intended here: a replica of the new owner
@@ -562,7 +557,6 @@ inline void Engine::start_localize(const std::vector<int64_t>& keys, int64_t ts,
   int64_t already = 0;
   for (int64_t k : keys) {
     Meta& m = meta_[k];
-    m.localized = 1;  // (until the key leaves: M_TRANSFER)
     m.lock.lock();
     const uint8_t st = m.state;
     if (st == OWNED) {

@@ -156,8 +156,16 @@ def test_intent_cost_model() -> None:
 
 
 @pytest.mark.mpi
+def test_relocation_sticks() -> None:
+    """A key one rank intends stays there after its window; two ranks intending it both hold it; it moves on
+    to a later intender; sums exact under concurrent pushes (3 ranks, messages only)."""
+    res = run_mpi(str(SCRIPTS / "sticky.py"), 3, timeout=120)
+    assert "sticky ok" in res.stdout, res.stdout
+
+
+@pytest.mark.mpi
 def test_intent_ledger_pauses_and_resumes() -> None:
-    """Intent pauses on both ranks where it cannot pay (keys go home), resumes where it pays; sums exact."""
+    """Intent pauses on both ranks where it cannot pay (moved keys stay), resumes where it pays; sums exact."""
     res = run_mpi(str(SCRIPTS / "ledger.py"), 2, timeout=150)
     assert "ledger ok" in res.stdout, res.stdout
 

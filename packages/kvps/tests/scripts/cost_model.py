@@ -7,7 +7,8 @@ Checks:
     ``intent_classic`` counter grows, and such keys are served by messages;
   * keys that recur (intended every clock) keep moving here and are served
     locally, and a one-off key that then recurs is moved at once; one that
-    comes back only after a gap longer than the lookahead does not recur;
+    comes back only after a gap longer than the horizon (four lookaheads, at
+    least 16 clocks) does not recur;
   * intents with a window of several clocks always move their keys;
   * replicas of keys both ranks intend: once most uses of replicated keys are not
     in consecutive clocks, keys used every other clock lose their replicas, keys
@@ -82,13 +83,14 @@ assert step(late) != -1, "one-off keys should stay at their owner once the model
 assert s.stats()["intent_classic"] >= before + 300, s.stats()
 # the same keys again: they recur now, so they move (even within their window)
 assert step(late) == -1, "a recurring key was not moved"
-# keys that come back only after a gap longer than the lookahead (0 here: a replica of
-# them would have been dropped in between) do not recur: they stay at their owner; back
-# in the very next clock they recur and move
+# keys that come back only after a gap longer than the horizon (16 clocks at a lookahead
+# of 0) do not recur: they stay at their owner; back in the very next clock they recur
+# and move
 gap = foreign(300)
 assert step(gap) != -1
-step(foreign(300))  # one clock without them
-assert step(gap) != -1, "a key back only after its move would have been undone was moved as recurring"
+for _ in range(17):  # more clocks without them than the horizon
+    step(foreign(300))
+assert step(gap) != -1, "a key back only after the horizon was moved as recurring"
 assert step(gap) == -1, "a key intended again in the next clock was not moved"
 # a window of several clocks always moves its keys
 long = foreign(100)

@@ -6,11 +6,12 @@ Checks:
     one-clock intent then moves nothing: its keys are pulled by messages and
     counted as classic;
   * keys this rank's intents had moved here (recurring keys, not probe keys)
-    go back to their homes once their intents end while intent is paused;
-  * a window of several clocks still moves its keys while intent is paused;
-  * keys localized while intent is paused stay where they were localized:
-    the sweep that sends home what no intent wants leaves them, and so does
-    the paused drop of a one-clock intent told before the pause;
+    stay here once their intents end while intent is paused (relocation
+    sticks) and are served locally;
+  * a window of several clocks still moves its keys while intent is paused,
+    and they stay after the window;
+  * keys localized while intent is paused stay where they were localized, and
+    so do keys a one-clock intent told before the pause moved here;
   * when the workload turns to keys that recur (each rank its own, used every
     clock), the probe keys show the gain and intent resumes on both ranks; from
     then on those keys are local;
@@ -106,17 +107,18 @@ st = s.stats()
 assert st["intent_all_keys"] == 0, f"rank {rank}: intent did not pause on one-off keys: {st}"
 assert st["intent_switches"] >= 1 and st["intent_probe_cost"] > st["intent_probe_gain"], st
 
-# paused: the recurring keys' intents ended (the windows are held back now), so
-# they went home
+# paused: the recurring keys' intents ended (the windows are held back now), and
+# they stay here: relocation sticks until another rank's intent takes a key
 for _ in range(AHEAD + 2):
     w.advance_clock()
 w.wait_sync()
 s.barrier()
 w.wait_sync()
-here = [k for k in mine if s._engine.key_state(int(k)) == OWNED]
-assert not here, f"rank {rank}: {len(here)} keys stayed here after their intents ended while paused"
+gone = [k for k in mine if s._engine.key_state(int(k)) != OWNED]
+assert not gone, f"rank {rank}: {len(gone)} moved keys left after their intents ended while paused"
 theirs = comm.sendrecv(mine, dest=other, source=other)
-assert all(s._engine.key_state(int(k)) == OWNED for k in theirs), "keys did not go back home"
+assert not any(s._engine.key_state(int(k)) == OWNED for k in theirs), "keys moved to the other rank came back home"
+assert use(mine) == -1, "keys moved here were not served locally after their windows"
 
 # paused: one-clock intents move nothing, not even for keys that recur (intended
 # in consecutive clocks), which the cost model would move with intent on
@@ -139,20 +141,19 @@ w.intent(long, c, c + 3)
 w.wait_sync()
 assert use(long) == -1, "a window of several clocks did not move its keys while intent was paused"
 
-# paused: keys localized here stay here; the sweep that sends home what no
-# intent wants (it does send `long` home once its window is over) leaves them
+# paused: keys localized here stay here, and so do the keys of the long window
 loc = foreign(50, probes=False)
 w.wait(w.localize(loc))
 assert all(s._engine.key_state(int(k)) == OWNED for k in loc), "localize did not move the keys here"
-for _ in range(3 * max(16, 2 * AHEAD)):  # three probe slices: the sweep runs once in each
+for _ in range(3 * max(16, 2 * AHEAD)):  # three probe slices
     w.advance_clock()
     w.wait_sync()
 s.barrier()
 w.wait_sync()
 assert s.stats()["intent_all_keys"] == 0
-assert not any(s._engine.key_state(int(k)) == OWNED for k in long), "the sweep did not run"
+assert use(long) == -1, "the keys of a window of several clocks left after the window"
 swept = [int(k) for k in loc if s._engine.key_state(int(k)) != OWNED]
-assert not swept, f"rank {rank}: the paused ledger's sweep sent {len(swept)} localized keys home"
+assert not swept, f"rank {rank}: {len(swept)} localized keys left while intent was paused"
 assert use(loc) == -1, "localized keys were not local"
 
 # paused: a key that a told one-clock intent moved here and the application then
