@@ -153,7 +153,7 @@ def test_tbf_bucket_and_queue_grow_with_the_rate() -> None:
     assert cluster.tbf_params(10**8) == (131072, 131072 + 1048576)
     assert cluster.tbf_params(10**9) == (500_000, 500_000 + 6_250_000)
     assert cluster.tbf_params(10**10) == (5_000_000, 5_000_000 + 62_500_000)
-    assert cluster.TCP_GOODPUT_SHARE == pytest.approx(0.9564, abs=1e-4)
+    assert pytest.approx(0.9564, abs=1e-4) == cluster.TCP_GOODPUT_SHARE
 
 
 @pytest.mark.parametrize(
