@@ -494,6 +494,7 @@ def run_cluster(
     check: bool = True,
     cwd: str | None = None,
     fault: Fault | None = None,
+    rate: str | None = None,
 ) -> ClusterResult:
     """Run a script (or a pytest file) on ranks spread over hosts of the simulated cluster.
 
@@ -513,7 +514,9 @@ def run_cluster(
 
     If this process holds no :func:`distkit_common.cluster.session` (the
     ``distkit_common.pytest_cluster`` plugin holds one per test session),
-    the cluster is brought up for this call and removed after it.
+    the cluster is brought up for this call and removed after it. With a
+    ``rate`` every host's link is shaped to it for the call (in a held
+    session: re-shaped, and the session's shaping restored after).
 
     Parameters
     ----------
@@ -540,6 +543,10 @@ def run_cluster(
     fault : Fault, optional
         A fault to inject while the job runs (kill a host or its ranks, or
         take its link down, when a marker line appears or after a delay).
+    rate : str, optional
+        Shape every host's link to this rate in both directions (tc's syntax,
+        ``"1gbit"``; :func:`distkit_common.cluster.parse_rate`). None: the
+        links as they are (unshaped outside a session).
 
     Returns
     -------
@@ -553,7 +560,7 @@ def run_cluster(
     RuntimeError
         If the simulated cluster cannot be brought up (``ClusterError``).
     TypeError, ValueError
-        On bad hosts, ranks, launcher or fault.
+        On bad hosts, ranks, launcher, fault or rate.
     """
     where = job.placement(hosts, ranks_per_host)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
@@ -564,11 +571,13 @@ def run_cluster(
         raise TypeError(f"fault must be a Fault, got {type(fault).__name__}")
     if fault is not None and _cluster.resolve_host(fault.host).name not in {h.name for h in where.hosts}:
         raise ValueError(f"fault host {fault.host!r} is not one of the job's hosts {[h.name for h in where.hosts]}")
+    if rate is not None:
+        _cluster.parse_rate(rate)
     target = str(script_or_pytest_file)
     if not os.path.isfile(target):
         raise FileNotFoundError(f"no such script: {target}")
     need = max(h.index for h in where.hosts)
-    with _cluster.session(need):
+    with _cluster.session(need, rate):
         cmds, extra = job.commands(launcher, where, os.path.abspath(target), args, mpiexec_command(where.total))
         full_env = mpi_env()
         full_env.update(_cluster.job_env())
