@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from distkit_common import cluster, heartbeat, testing
+from distkit_common import cluster, heartbeat, mpi_p2p, testing
 from distkit_common._cluster_job import placement
 from distkit_common._cluster_rank import is_pytest_file
 from distkit_common.testing import Fault
@@ -384,3 +384,37 @@ def test_heartbeat_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DISTKIT_HEARTBEAT_TIMEOUT_S", "ten")
     with pytest.raises(ValueError, match="DISTKIT_HEARTBEAT_TIMEOUT_S='ten' is not a number"):
         heartbeat.start()
+
+
+def test_mpi_p2p_sizes_results_and_bad_arguments() -> None:
+    assert [mpi_p2p.parse_size(t) for t in ("4096", "64KiB", "16MiB", "1GiB")] == [4096, 65536, 2**24, 2**30]
+    for bad, match in (("0", "out of range"), ("2GiB", "out of range"), ("1MB", "not an integer"), ("", "not")):
+        with pytest.raises(ValueError, match=match):
+            mpi_p2p.parse_size(bad)
+    assert mpi_p2p.parse_result('x\nDISTKIT_P2P {"bytes": 5}\n') == {"bytes": 5}
+    with pytest.raises(ValueError, match="expected one DISTKIT_P2P line in the output, found 0"):
+        mpi_p2p.parse_result("no result\n")
+    with pytest.raises(ValueError, match="hosts must be 2 hosts"):
+        testing.measure_mpi_sendrecv(["dkh1"])
+    with pytest.raises(ValueError, match="hosts must be 2 hosts"):
+        testing.measure_mpi_sendrecv("dkh1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"hosts must be 2 different hosts, got \['dkh2', 'dkh2'\]"):
+        testing.measure_mpi_sendrecv(["dkh2", 2])
+    with pytest.raises(ValueError, match=r"nbytes = 0 is out of range \[1, 2147483647\]"):
+        testing.measure_mpi_sendrecv(nbytes=0)
+    with pytest.raises(TypeError, match="iters must be an int, got float"):
+        testing.measure_mpi_sendrecv(iters=2.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="rate 'fast' is not a link rate"):
+        testing.measure_mpi_sendrecv(rate="fast")
+
+
+def test_plugin_reads_the_session_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    from distkit_common import pytest_cluster
+
+    monkeypatch.delenv(pytest_cluster.RATE_ENV, raising=False)
+    assert pytest_cluster._rate() is None
+    monkeypatch.setenv(pytest_cluster.RATE_ENV, "10gbit")
+    assert pytest_cluster._rate() == "10gbit"
+    monkeypatch.setenv(pytest_cluster.RATE_ENV, "10gb")
+    with pytest.raises(pytest.UsageError, match="DISTKIT_CLUSTER_RATE: rate '10gb' is not a link rate"):
+        pytest_cluster._rate()

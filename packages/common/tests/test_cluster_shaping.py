@@ -7,6 +7,7 @@ each frame's Ethernet, IP and TCP headers (1514 bytes on the link for 1448 of pa
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from distkit_common import cluster
+from distkit_common.testing import measure_mpi_sendrecv
 
 pytest_plugins = ["distkit_common.pytest_cluster"]
 
@@ -45,7 +47,7 @@ def _ifindex(link: str) -> int:
 @pytest.mark.cluster
 def test_shaped_links_limit_a_tcp_stream_in_both_directions(simulated_cluster: cluster.Cluster) -> None:
     outer = cluster.current()
-    assert outer is not None and outer.rate is None  # the session's cluster is unshaped
+    assert outer is not None and outer == simulated_cluster  # unshaped unless $DISTKIT_CLUSTER_RATE says otherwise
     for rate, src, dst in (("100mbit", "dkh1", "dkh2"), ("1gbit", "dkh2", "dkh1")):
         bits = cluster.parse_rate(rate)
         with cluster.session(2, rate=rate) as c:  # nested in the plugin's session: re-shapes its cluster
@@ -53,14 +55,26 @@ def test_shaped_links_limit_a_tcp_stream_in_both_directions(simulated_cluster: c
             assert cluster.active() == c and cluster.current() == c
             assert all(cluster.link_rates(h) == (bits, bits) for h in c.hosts)
             _within(bits, src, dst)
-        # the outer session's links are unshaped again
+        # the outer session's links are as they were
         assert cluster.current() == outer
-        assert all(cluster.link_rates(h) == (None, None) for h in outer.hosts)
+        assert all(cluster.link_rates(h) == (outer.rate, outer.rate) for h in outer.hosts)
+
+
+@pytest.mark.cluster
+def test_mpi_sendrecv_bound_follows_the_shaped_rate(simulated_cluster: cluster.Cluster) -> None:
+    # 4 MiB each way at once over 100mbit: ~0.35 s per exchange; each host's uplink carries one direction
+    res = measure_mpi_sendrecv(("dkh1", "dkh2"), 4 * 2**20, 3, timeout=120, rate="100mbit")
+    assert res["hosts"] == ["dkh1", "dkh2"] and res["bytes"] == 4 * 2**20 and len(res["seconds"]) == 3
+    assert res["best_s"] <= res["median_s"] == sorted(res["seconds"])[1]
+    assert res["bytes_per_s"] == res["bytes"] / res["median_s"]
+    ratio = res["bytes_per_s"] / (1e8 / 8 * cluster.TCP_GOODPUT_SHARE)
+    assert 1 - TOLERANCE <= ratio <= 1 + TOLERANCE, res
+    assert cluster.current() == simulated_cluster  # the session's links as they were
 
 
 @pytest.mark.cluster(session=False)
 def test_shaped_cluster_reshapes_repairs_and_down_leaves_nothing() -> None:
-    assert cluster.leftovers() == []
+    # every check runs under the session's lock: other users of the machine may hold the cluster before and after
     with cluster.session(2, rate="100mbit") as c:
         assert c.rate == 10**8 and cluster.current() == c
         ifindex = _ifindex("dkv2")  # a new veth gets a new one
@@ -91,19 +105,28 @@ def test_shaped_cluster_reshapes_repairs_and_down_leaves_nothing() -> None:
         removed = cluster.down()
         assert {"qdisc tbf dev dkv1", "qdisc tbf dev dk0 in dkh2", "netns dkh1", "link dkbr0"} <= set(removed)
         assert cluster.leftovers() == []
-    assert cluster.leftovers() == []
-    tc_left = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True, check=True).stdout
-    assert "dkv" not in tc_left and "tbf" not in tc_left
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
-    assert "dkv" not in links and cluster.BRIDGE not in links
-    assert "dkh" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+        tc_left = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True, check=True).stdout
+        assert "dkv" not in tc_left and "tbf" not in tc_left
+        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+        assert "dkv" not in links and cluster.BRIDGE not in links
+        assert "dkh" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
 
 
 @pytest.mark.cluster(session=False)
 def test_command_line_up_with_rate_status_measure() -> None:
+    # the commands run under this test's lock (inherited), so no other user's session takes the machine between them
+    lock = cluster._lock(cluster.LOCK_WAIT_S)
+    env = {**os.environ, cluster.LOCK_FD_ENV: str(lock)}
+
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-I", str(CLI), *args], capture_output=True, text=True, timeout=120, check=False
+            [sys.executable, "-I", str(CLI), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env=env,
+            pass_fds=(lock,),
         )
 
     try:
@@ -121,7 +144,15 @@ def test_command_line_up_with_rate_status_measure() -> None:
         assert bad.returncode == 1 and "rate '100mb' is not a link rate" in bad.stderr
         assert cli("up", "2").returncode == 0  # unshaped again
         assert "links: unshaped" in cli("status").stdout
+        # without the lock the commands are refused while it is held
+        refused = subprocess.run(
+            [sys.executable, "-I", str(CLI), "down"], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert refused.returncode == 1 and "in use by another process" in refused.stderr
     finally:
-        down = cli("down")
-    assert down.returncode == 0
-    assert cluster.leftovers() == []
+        try:
+            down = cli("down")
+            assert down.returncode == 0, down.stderr
+            assert cluster.leftovers() == []
+        finally:
+            os.close(lock)

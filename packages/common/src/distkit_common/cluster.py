@@ -9,6 +9,11 @@ on a real cluster. Every host resolves every other host (``/etc/netns/<host>/
 hosts``, which ``ip netns exec`` mounts over ``/etc/hosts``), and so does the
 root namespace (a marked block in ``/etc/hosts``, removed by :func:`down`).
 
+With a rate (:func:`up`, :func:`session`, :func:`shape`) a tbf qdisc on both ends
+of each host's veth limits what the host sends (``dk0``) and receives (``dkv<i>``);
+``tc`` (iproute2) is then needed too. The rate is read back from the kernel
+(:func:`current`, :func:`link_rates`); :func:`measure_tcp` measures a link.
+
 Nothing leaves the machine: the namespaces have no default route, the bridge
 has no uplink, and :func:`up` refuses to start when the subnet is already used
 by an interface it did not make.
@@ -18,7 +23,9 @@ library is used, so this file also runs as a script from a source checkout
 (``ci/cluster/up``)::
 
     python3 cluster.py up 3         # hosts dkh1..dkh3 (idempotent)
+    python3 cluster.py up 3 --rate 1gbit   # every host's link shaped to 1 Gbit/s each way
     python3 cluster.py exec dkh2 hostname
+    python3 cluster.py measure dkh1 dkh2   # one TCP stream's goodput
     python3 cluster.py status
     python3 cluster.py down         # removes everything up made (idempotent)
 
@@ -74,6 +81,8 @@ HOSTS_BEGIN = "# >>> distkit simulated cluster (distkit_common.cluster; removed 
 HOSTS_END = "# <<< distkit simulated cluster <<<"
 #: how long session() waits for another process's cluster to be released
 LOCK_WAIT_S = 1800.0
+#: names an inherited fd of the lock file its holder passes to a command line it runs (see _cli_lock)
+LOCK_FD_ENV = "DISTKIT_CLUSTER_LOCK_FD"
 #: engine settings for jobs across the hosts (keepalives, timeouts); ci/env.cluster links here
 ENV_FILE = Path(__file__).with_name("cluster.env")
 #: Open MPI's launch agent: runs the remote daemon inside a host's namespaces (a stand-in for ssh)
@@ -930,6 +939,26 @@ def _lock(wait: float) -> int:
         time.sleep(0.5)
 
 
+def _cli_lock() -> int:
+    """The lock for a command line (``up``, ``down``, ``measure``): refused while someone else holds it.
+
+    A caller that holds the lock (a test's :func:`session`) can run the command line
+    under it: it passes its open lock file as an inherited fd named by
+    ``$DISTKIT_CLUSTER_LOCK_FD`` (flock belongs to that open file, so locking it again succeeds).
+    """
+    raw = os.environ.get(LOCK_FD_ENV, "")
+    if raw.isdigit():
+        fd = int(raw)
+        try:
+            st, want = os.fstat(fd), os.stat(STATE_DIR / "lock")
+            if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return os.dup(fd)
+        except OSError:
+            pass
+    return _lock(0.0)
+
+
 @contextlib.contextmanager
 def session(n: int, rate: str | None = None, *, wait: float = LOCK_WAIT_S) -> Iterator[Cluster]:
     """Hold the machine's simulated cluster of ``n`` hosts for the ``with`` block, then remove it.
@@ -1066,7 +1095,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"export {key}={shlex.quote(value)}")
             return 0
         if a.cmd == "up":
-            fd = _lock(0.0)  # refuse while a test session holds the cluster
+            fd = _cli_lock()  # refuse while a test session holds the cluster
             try:
                 c = up(a.n, a.rate)
             finally:
@@ -1077,7 +1106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"every link shaped to {format_rate(c.rate)} in both directions")
             return 0
         if a.cmd == "measure":
-            fd = _lock(0.0)  # never disturb a test session's cluster
+            fd = _cli_lock()  # never disturb a test session's cluster
             try:
                 bps = measure_tcp(a.src, a.dst, seconds=a.seconds)
             finally:
@@ -1085,7 +1114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{resolve_host(a.src).name} -> {resolve_host(a.dst).name}: {bps * 8 / 1e6:.1f} Mbit/s TCP goodput")
             return 0
         if a.cmd == "down":
-            fd = _lock(0.0)
+            fd = _cli_lock()
             try:
                 for item in down():
                     print(f"removed {item}")

@@ -31,6 +31,7 @@ from typing import Any
 
 from . import _cluster_job as job
 from . import cluster as _cluster
+from . import mpi_p2p
 from ._cluster_job import FAULT_DEADLINE_S, Fault, RankExit
 
 DEFAULT_TIMEOUT = 180.0
@@ -626,3 +627,59 @@ def run_cluster(
         if returncode == 0:
             raise AssertionError(report("the job succeeded although a fault was injected"))
     return res
+
+
+def measure_mpi_sendrecv(
+    hosts: Sequence[str | int] = ("dkh1", "dkh2"),
+    nbytes: int = 64 * 2**20,
+    iters: int = 5,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    rate: str | None = None,
+) -> dict[str, Any]:
+    """The MPI point-to-point bound between two hosts: ``MPI_Sendrecv`` of ``nbytes`` each way, timed.
+
+    Runs :mod:`distkit_common.mpi_p2p` on one rank per host through
+    :func:`run_cluster` (mpiexec), after one untimed exchange.
+
+    Parameters
+    ----------
+    hosts : sequence of 2 str/int
+        The two hosts (names or 1-based indices).
+    nbytes : int
+        Bytes each rank sends to the other per exchange, ``[1, 2**31 - 1]``.
+    iters : int
+        Timed exchanges, ``[1, 1000]``.
+    timeout : float
+        Seconds before the job is killed and the call fails.
+    rate : str, optional
+        Shape the links to this rate for the job (see :func:`run_cluster`).
+
+    Returns
+    -------
+    dict
+        ``bytes``, ``iters``, ``hosts`` (the ranks' hostnames), ``seconds`` (each
+        exchange, the slower rank's), ``best_s``, ``median_s`` and ``bytes_per_s``
+        (``bytes / median_s``, in each direction).
+
+    Raises
+    ------
+    TypeError, ValueError
+        On bad hosts, ``nbytes``, ``iters`` or ``rate``.
+    AssertionError
+        If the job fails or times out (see :func:`run_cluster`).
+    """
+    if isinstance(hosts, (str, bytes)) or len(hosts) != 2:
+        raise ValueError(f"hosts must be 2 hosts, got {hosts!r}")
+    names = [_cluster.resolve_host(h).name for h in hosts]
+    if names[0] == names[1]:
+        raise ValueError(f"hosts must be 2 different hosts, got {names}")
+    for name, value, top in (("nbytes", nbytes, mpi_p2p.MAX_BYTES), ("iters", iters, mpi_p2p.MAX_ITERS)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if not 1 <= value <= top:
+            raise ValueError(f"{name} = {value} is out of range [1, {top}]")
+    res = run_cluster(
+        names, 1, mpi_p2p.__file__, timeout, args=["--bytes", str(nbytes), "--iters", str(iters)], rate=rate
+    )
+    return mpi_p2p.parse_result(res.stdout)
