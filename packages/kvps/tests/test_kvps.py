@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -139,6 +140,74 @@ def test_server_rejects_bad_value_lengths() -> None:
         kvps.Server(3, intent_lookahead=-1)
     with pytest.raises(TypeError, match="shared_memory"):
         kvps.Server(3, shared_memory="yes")  # type: ignore[arg-type]
+
+
+def test_worker_takes_adapm_keyword_names() -> None:
+    """AdaPM's bindings.cc names: pull_sample(id, keys, vals, async), the async flag of pull/push/set/localize.
+
+    ``async`` is a Python keyword: positionally or as ``**{"async": flag}``;
+    the former pull_sample names still work, with a DeprecationWarning.
+    """
+    kvps.setup(30, 1, "none")
+    s = kvps.Server(3)
+    w = kvps.Worker(0, s)
+    init = torch.arange(90, dtype=torch.float32)
+    w.set(keys=torch.arange(30), vals=init)
+    s.enable_sampling_support("naive", False, "uniform", 5, 25, seed=1)
+    sid = w.prepare_sample(K=9, start=0, end=2)
+    got: list[int] = []
+
+    def check(keys: Any, vals: Any) -> None:
+        k = torch.as_tensor(keys)
+        assert torch.equal(torch.as_tensor(vals), init.view(30, 3)[k].reshape(-1)), (k, vals)
+        got.extend(k.tolist())
+
+    k, v = torch.zeros(2, dtype=torch.int64), torch.zeros(6)
+    assert w.pull_sample(id=sid, keys=k, vals=v) == -1  # (one rank: answered locally)
+    check(k, v)
+    kn, vn = np.zeros(2, dtype=np.int64), np.zeros(6, dtype=np.float32)
+    w.wait(w.pull_sample(sid, kn, vn, True))
+    check(kn, vn)
+    k, v = torch.zeros(1, dtype=torch.int64), torch.zeros(3)
+    w.wait(w.pull_sample(sid, keys=k, vals=v, **{"async": True}))
+    check(k, v)
+    k, v = torch.zeros(1, dtype=torch.int64), torch.zeros(3)
+    with pytest.raises(TypeError, match="asynchronous must be a bool"):
+        w.pull_sample(sid, k, v, "yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="got both 'keys_out' and 'keys'"):
+        w.pull_sample(sid, keys=k, vals=v, keys_out=k)
+    with pytest.raises(TypeError, match="id must be an int"):
+        w.pull_sample(str(sid), k, v)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="keys must be a 1-D int64"):
+        w.pull_sample(sid, k.int(), v)
+    with pytest.raises(ValueError, match="vals has 4 elements"):
+        w.pull_sample(sid, k, torch.zeros(4))
+    w.pull_sample(id=sid, keys=k, vals=v, asynchronous=False)  # (the refused calls took nothing)
+    check(k, v)
+    with pytest.warns(DeprecationWarning, match=r"Worker\.pull_sample\(sample_id=\.\.\.\) is deprecated, use id="):
+        w.pull_sample(sample_id=sid, keys=k, vals=v)
+    check(k, v)
+    k, v = torch.zeros(2, dtype=torch.int64), torch.zeros(6)
+    with pytest.warns(DeprecationWarning, match="is deprecated") as rec:
+        w.pull_sample(sid, keys_out=k, vals_out=v)
+    assert sorted(str(r.message).split("(")[1].split("=")[0] for r in rec) == ["keys_out", "vals_out"]
+    check(k, v)
+    assert len(got) == 9 == len(set(got)) and all(5 <= x < 25 for x in got)  # without replacement, in [min, max)
+    with pytest.raises(KeyError, match="exhausted"):
+        w.pull_sample(sid, torch.zeros(1, dtype=torch.int64), torch.zeros(3))
+    # the async flag of the other operations, by AdaPM's keyword
+    keys = torch.tensor([3, 7])
+    w.wait(w.push(keys, torch.ones(6), **{"async": True}))
+    w.wait(w.set(torch.tensor([9]), torch.full((3,), -1.0), **{"async": True}))
+    w.wait(w.localize(keys, **{"async": True}))
+    out = torch.zeros(9)
+    w.wait(w.pull(torch.tensor([3, 7, 9]), out, **{"async": True}))
+    assert torch.equal(out, torch.cat([init[9:12] + 1, init[21:24] + 1, torch.full((3,), -1.0)]))
+    with pytest.raises(TypeError, match="got both 'async' and 'asynchronous'"):
+        w.pull(keys, torch.zeros(6), asynchronous=True, **{"async": True})
+    with pytest.raises(TypeError, match="asynchronous must be a bool"):
+        w.localize(keys, **{"async": 1})
+    s.shutdown()
 
 
 @pytest.mark.mpi

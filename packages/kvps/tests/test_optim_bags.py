@@ -19,7 +19,7 @@ import torch
 
 import kvps
 from kvps import optim
-from kvps.torch import EmbeddingBagConfig, PSEmbeddingBag, PSEmbeddingBagCollection, table_lengths
+from kvps.torch import EmbeddingBagConfig, PSEmbedding, PSEmbeddingBag, PSEmbeddingBagCollection, table_lengths
 
 # torch fuses these kernels' multiply-adds on its vectorised (AVX2/AVX-512)
 # paths; elsewhere the references can differ in the last bit
@@ -209,6 +209,108 @@ def test_bag_matches_nn_embedding_bag(mode: str, pad: int | None) -> None:
         s.shutdown()
 
 
+NO_RULE = (
+    r"backward would push gradients, but the kvps server has no update rule.*optimizer=kvps\.optim\..*torch\.no_grad"
+)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_bags_without_update_rule_serve_lookups(dtype: torch.dtype) -> None:
+    """A server without optimizer: forward equals nn.EmbeddingBag in every grad mode; backward raises, pushing nothing."""
+    n, d = 40, 8
+    tables = [EmbeddingBagConfig("a", 10, 8, ["fa", "fb"], mode="mean"), EmbeddingBagConfig("b", 30, 4, mode="max")]
+    kvps.setup(n + 40, 1, "none")
+    s = kvps.Server(np.concatenate([np.full(n, d), table_lengths(tables)]), dtype=dtype)  # no optimizer
+    w = kvps.Worker(0, s)
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, n, (30,), generator=g)
+    offs = torch.tensor([0, 5, 5, 17])
+    for mode in ("sum", "mean", "max"):
+        bag = PSEmbeddingBag(n, d, w, mode, seed=4, padding_idx=2 if mode == "mean" else None)
+        dense = torch.nn.EmbeddingBag(n, d, mode=mode, padding_idx=bag.padding_idx, dtype=dtype)
+        with torch.no_grad():
+            dense.weight.copy_(bag.pull_rows(torch.arange(n)))
+        rows = dense.weight.detach().clone()
+        psw = torch.randn(30, generator=g).to(dtype) if mode == "sum" else None
+        ref = dense(ids, offs, psw)
+        with torch.no_grad():
+            assert torch.equal(bag(ids, offs, psw), ref)
+        with torch.inference_mode():
+            assert torch.equal(bag(ids, offs, psw), ref)
+        out = bag(ids, offs, psw)  # grad mode (evaluation without no_grad): the same numbers
+        assert torch.equal(out.detach(), ref)
+        before = served(s)
+        with pytest.raises(RuntimeError, match="PSEmbeddingBag: " + NO_RULE):
+            out.sum().backward()
+        bag.flush()
+        assert served(s) == before  # nothing pushed
+        assert torch.equal(bag.pull_rows(torch.arange(n)), rows)  # the server state is untouched
+    col = PSEmbeddingBagCollection(tables, w, key_offset=n, seed=5)
+    feats = {
+        "fa": (torch.tensor([1, 2, 2, 9]), torch.tensor([0, 1])),
+        "fb": (torch.tensor([0, 9]), torch.tensor([0])),
+        "b": (torch.tensor([3, 29, 3, 0, 7]), torch.tensor([0, 2, 2])),
+    }
+    buf = torch.empty(10 * 8 + 30 * 4, dtype=dtype)
+    w.pull(torch.arange(n, n + 40), buf)
+    wa, wb = buf[:80].view(10, 8), buf[80:].view(30, 4)
+    ref = {
+        "fa": torch.nn.functional.embedding_bag(feats["fa"][0], wa, feats["fa"][1], mode="mean"),
+        "fb": torch.nn.functional.embedding_bag(feats["fb"][0], wa, feats["fb"][1], mode="mean"),
+        "b": torch.nn.functional.embedding_bag(feats["b"][0], wb, feats["b"][1], mode="max"),
+    }
+    with torch.no_grad():
+        got = col(feats)
+    assert list(got) == ["fa", "fb", "b"] and all(torch.equal(got[f], ref[f]) for f in ref)
+    got = col(feats)
+    assert all(torch.equal(got[f].detach(), ref[f]) for f in ref)
+    before = served(s)
+    with pytest.raises(RuntimeError, match="PSEmbeddingBagCollection: " + NO_RULE):
+        sum(v.sum() for v in got.values()).backward()
+    col.flush()
+    after = torch.empty_like(buf)
+    w.pull(torch.arange(n, n + 40), after)
+    assert served(s) - before == 40 and torch.equal(after, buf)  # (the 40 pulled just now): nothing pushed
+    s.shutdown()
+
+
+def test_psembedding_rule_is_its_own() -> None:
+    """PSEmbedding: forward = the stored rows on any server; its worker-side Adagrad trains on a server without
+    optimizer and refuses (at backward, pushing nothing) one whose optimizer would take the deltas as gradients."""
+    n, d, lr = 12, 3, 0.5
+    ids = torch.tensor([[1, 4, 4], [7, 1, 0]])
+    kvps.setup(n, 1, "none")
+    s = kvps.Server(2 * d, optimizer=optim.SGD(lr=1.0))
+    w = kvps.Worker(0, s)
+    emb = PSEmbedding(n, d, w, lr=lr, seed=3)
+    rows, acc = emb.pull_rows(torch.arange(n))
+    assert torch.equal(acc, torch.zeros(n, d))
+    with torch.no_grad():
+        assert torch.equal(emb(ids), torch.nn.functional.embedding(ids, rows))
+    out = emb(ids)
+    assert torch.equal(out.detach(), torch.nn.functional.embedding(ids, rows))
+    before = served(s)
+    with pytest.raises(RuntimeError, match=r"PSEmbedding: .*update rule \(SGD\).*server without optimizer"):
+        out.sum().backward()
+    emb.flush()
+    assert served(s) == before
+    r2, a2 = emb.pull_rows(torch.arange(n))
+    assert torch.equal(r2, rows) and torch.equal(a2, acc)
+    s.shutdown()
+    # no update rule on the server: the module's Adagrad, one step from acc = 0 moves each row by -lr * sign(g)
+    s = kvps.Server(2 * d)
+    w = kvps.Worker(0, s)
+    emb = PSEmbedding(n, d, w, lr=lr, seed=3)
+    assert torch.equal(emb.pull_rows(torch.arange(n))[0], rows)  # the same seeded rows
+    emb(ids).sum().backward()
+    emb.flush()
+    r2, a2 = emb.pull_rows(torch.arange(n))
+    counts = torch.bincount(ids.reshape(-1), minlength=n).float()[:, None].expand(n, d)
+    torch.testing.assert_close(r2, rows - lr * (counts > 0).float(), rtol=0, atol=1e-6)
+    assert torch.equal(a2, counts**2)
+    s.shutdown()
+
+
 def test_bag_pulls_and_pushes_each_distinct_key_once() -> None:
     kvps.setup(100, 1, "none")
     s = kvps.Server(4, optimizer=optim.SGD(lr=0.5))
@@ -333,10 +435,6 @@ def test_bad_input() -> None:
         kvps.Server(4, optimizer="adam")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="float32 or float64"):
         kvps.Server(4, optimizer=optim.SGD(), dtype=torch.bfloat16)
-    plain = kvps.Server(4)
-    with pytest.raises(ValueError, match="needs a server with an optimizer"):
-        PSEmbeddingBag(10, 4, kvps.Worker(0, plain))
-    plain.shutdown()
     s = kvps.Server(4, optimizer=optim.SGD())
     w = kvps.Worker(0, s)
     with pytest.raises(ValueError, match="value length 4, the table needs embedding_dim = 5"):

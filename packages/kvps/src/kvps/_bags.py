@@ -4,7 +4,9 @@ A lookup pulls every distinct key of the batch once, pools with
 ``torch.nn.functional.embedding_bag`` over those rows (so forward values and
 gradients are torch's own), and the backward pass pushes one summed gradient
 per distinct key; the server's optimizer (:mod:`kvps.optim`) applies it where
-the row lives.
+the row lives. On a server without optimizer (no update rule) the modules
+serve lookups: forward works (inference, evaluation, a loaded model to serve),
+and a backward pass raises ``RuntimeError`` before anything is pushed.
 """
 
 from __future__ import annotations
@@ -140,11 +142,6 @@ def _check_table(worker: Any, key_offset: int, num: int, dim: int, what: str) ->
         raise ValueError(
             f"{what}: key {key_offset + bad} has value length {int(lens[bad])}, the table needs embedding_dim = {dim}"
         )
-    if worker.server.optimizer is None:
-        raise ValueError(
-            f"{what} needs a server with an optimizer (kvps.Server(..., optimizer=kvps.optim.RowWiseAdagrad(...))): "
-            "its backward pass pushes gradients"
-        )
 
 
 def _initialize(worker: Worker, key_offset: int, num: int, dim: int, std: float, seed: int, pad: int | None) -> None:
@@ -165,15 +162,52 @@ def _initialize(worker: Worker, key_offset: int, num: int, dim: int, std: float,
     srv.barrier()
 
 
+def _no_update_rule(what: str) -> str:
+    """The error of a backward pass that would push gradients to a server without an update rule."""
+    return (
+        f"{what}: backward would push gradients, but the kvps server has no update rule "
+        "(kvps.Server(..., optimizer=None): a push adds values, as AdaPM's does); nothing was pushed. "
+        "To train, create the server with optimizer=kvps.optim.RowWiseAdagrad(...) (or another kvps.optim rule); "
+        "for inference, evaluation or serving, run the lookup under torch.no_grad() or torch.inference_mode()"
+    )
+
+
+class _NoUpdateRule(torch.autograd.Function):
+    """Identity on a lookup's output whose backward raises :func:`_no_update_rule`'s error.
+
+    It is the first node a backward pass reaches from the output, so it
+    raises before any gradient of the rows is computed or pushed.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, what: str) -> torch.Tensor:
+        ctx.what = what
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        raise RuntimeError(_no_update_rule(ctx.what))
+
+
+def _guard(out: torch.Tensor, worker: Worker, what: str) -> torch.Tensor:
+    """``out``, or (grad mode, a server without optimizer) ``out`` behind :class:`_NoUpdateRule`."""
+    if worker.server.optimizer is None and out.requires_grad:
+        guarded: torch.Tensor = _NoUpdateRule.apply(out, what)
+        return guarded
+    return out
+
+
 # ----------------------------------------------------------------------------- the lookup
 class _Lookup:
     """One batch's rows: every distinct key pulled once into a flat leaf tensor.
 
     ``keys`` are sorted global keys; ``rows`` holds their values concatenated
     (``dim`` elements each when ``dim`` is given, else each key's value
-    length). Backward pushes ``rows.grad`` of every key except ``skip``
-    (padding rows: never updated, as in torch); the push's timestamp goes to
-    ``pending``.
+    length). With ``pending`` (grad mode) the rows require grad, and on a
+    server with an optimizer backward pushes ``rows.grad`` of every key except
+    ``skip`` (padding rows: never updated, as in torch); the push's timestamp
+    goes to ``pending``. (Without optimizer nothing is pushed: the module's
+    output is guarded by :class:`_NoUpdateRule`.)
     """
 
     def __init__(
@@ -195,6 +229,7 @@ class _Lookup:
             worker._rows(_kvps.PULL, keys, self.rows, False)
         if pending is not None:
             self.rows.requires_grad_(True)
+        if pending is not None and worker.server.optimizer is not None:
             push_keys, elems = keys, None
             if skip is not None and bool(skip.any()):
                 push_keys = keys[~skip].contiguous()
@@ -347,13 +382,16 @@ class PSEmbeddingBag(nn.Module):
     """``torch.nn.EmbeddingBag`` whose rows live on the kvps server, trained by the server's optimizer.
 
     Row ``i`` is key ``key_offset + i``; the server needs value length
-    ``embedding_dim`` for these keys and an optimizer (:mod:`kvps.optim`). A
-    forward pass pulls every distinct id of the batch once and pools with
+    ``embedding_dim`` for these keys and, to train, an optimizer
+    (:mod:`kvps.optim`). A forward pass pulls every distinct id of the batch once and pools with
     ``torch.nn.functional.embedding_bag`` (the same values and gradients as
     ``nn.EmbeddingBag`` with the same weights); backward pushes one summed
     gradient per distinct id, asynchronously (``flush`` waits for them), and
     the server applies the optimizer step. Use one forward per training step
-    (a second forward before backward is a second optimizer step).
+    (a second forward before backward is a second optimizer step). On a
+    server without optimizer the bag only serves lookups: forward (under
+    ``torch.no_grad()`` or not) gives the same values, and a backward pass
+    through its output raises ``RuntimeError`` (nothing is pushed).
 
     Parameters
     ----------
@@ -390,9 +428,9 @@ class PSEmbeddingBag(nn.Module):
     TypeError
         ``worker`` is not a Worker, or a size is not an int.
     ValueError
-        Bad mode, sizes, padding index; the table does not fit the key range,
-        its keys' value lengths are not ``embedding_dim``, or the server has no
-        optimizer; ``max_norm`` or ``scale_grad_by_freq`` set.
+        Bad mode, sizes, padding index; the table does not fit the key range
+        or its keys' value lengths are not ``embedding_dim``; ``max_norm`` or
+        ``scale_grad_by_freq`` set.
     """
 
     def __init__(
@@ -440,6 +478,9 @@ class PSEmbeddingBag(nn.Module):
     def forward(self, input: Any, offsets: Any = None, per_sample_weights: Any = None) -> torch.Tensor:
         """Pooled embeddings of the bags, ``(num_bags, embedding_dim)``.
 
+        On a server without optimizer a backward pass through the result
+        raises ``RuntimeError`` (nothing is pushed); forward works either way.
+
         Parameters
         ----------
         input : torch.Tensor
@@ -462,7 +503,7 @@ class PSEmbeddingBag(nn.Module):
         pending = self._pending if torch.is_grad_enabled() else None
         lk = _Lookup(self.worker, keys, self.embedding_dim, skip, pending)
         pad = _local_padding(uniq, self.padding_idx)
-        return _pool(
+        out = _pool(
             lk.tables([keys.numel()], [self.embedding_dim])[0],
             local,
             off,
@@ -472,6 +513,7 @@ class PSEmbeddingBag(nn.Module):
             pad,
             order,
         )
+        return _guard(out, self.worker, "PSEmbeddingBag")
 
     def flush(self) -> None:
         """Wait until every gradient pushed by earlier backward passes reached the server."""
@@ -630,7 +672,8 @@ class PSEmbeddingBagCollection(nn.Module):
     of every feature once, pools each feature with
     ``torch.nn.functional.embedding_bag`` over its table's rows, and backward
     pushes one summed gradient per distinct key in one push (features sharing
-    a table add up), applied by the server's optimizer.
+    a table add up), applied by the server's optimizer. Without optimizer the
+    collection serves lookups only, as :class:`PSEmbeddingBag`.
 
     Parameters
     ----------
@@ -649,7 +692,7 @@ class PSEmbeddingBagCollection(nn.Module):
         Bad tables or worker.
     ValueError
         Duplicate feature names, tables beyond the key range or with other
-        value lengths, or a server without optimizer.
+        value lengths.
     """
 
     def __init__(
@@ -738,6 +781,9 @@ class PSEmbeddingBagCollection(nn.Module):
     def forward(self, features: Any) -> dict[str, torch.Tensor]:
         """Pooled embeddings per feature: ``{name: (num_bags, embedding_dim)}``, in table order.
 
+        On a server without optimizer a backward pass through a result
+        raises ``RuntimeError`` (nothing is pushed); forward works either way.
+
         Parameters
         ----------
         features : dict or KeyedJaggedTensor
@@ -769,7 +815,9 @@ class PSEmbeddingBagCollection(nn.Module):
             flat, off, psw = inputs[f]
             local = torch.searchsorted(uniq, flat)
             pad = _local_padding(uniq, t.padding_idx)
-            out[f] = _pool(weights[i], local, off, t.mode, psw, False, pad)
+            out[f] = _guard(
+                _pool(weights[i], local, off, t.mode, psw, False, pad), self.worker, "PSEmbeddingBagCollection"
+            )
         return out
 
     def flush(self) -> None:

@@ -16,15 +16,25 @@ from ._server import Worker
 
 
 class PSEmbedding(nn.Module):
-    """An ``nn.Embedding``-like lookup backed by kvps, trained with server-side Adagrad.
+    """An ``nn.Embedding``-like lookup backed by kvps, trained with Adagrad computed by the worker.
 
     Row ``i`` is key ``key_offset + i``; its value holds ``2 * embedding_dim``
     floats: the row, then its Adagrad accumulator (so the server must be
     created with value length ``2 * embedding_dim`` for these keys). A forward
-    pass pulls the rows of the unique ids of the batch; the backward hook
-    computes ``acc += g**2``, ``row -= lr * g / (sqrt(acc) + eps)`` from the
-    pulled state and pushes both deltas asynchronously (so concurrent updates
+    pass pulls the rows and accumulators of the unique ids of the batch and
+    returns ``nn.functional.embedding(ids, rows)``; the backward hook computes
+    the Adagrad step on the worker, ``acc += g**2``,
+    ``row -= lr * g / (sqrt(acc) + eps)``, from the pulled state and pushes
+    both deltas asynchronously, which the server adds (so concurrent updates
     from other ranks add up, as in any asynchronous parameter server).
+
+    The update rule is the module's own: the server must have none
+    (``kvps.Server(..., optimizer=None)``, whose push adds, AdaPM's push).
+    Forward works on any float32 server with the right value lengths (for
+    inference or serving, under ``torch.no_grad()`` or not); on a server
+    with an optimizer, which would apply the pushed deltas as gradients, a
+    backward pass raises ``RuntimeError`` before anything is pushed (use
+    :class:`PSEmbeddingBag` for a server-side rule).
 
     Parameters
     ----------
@@ -47,6 +57,8 @@ class PSEmbedding(nn.Module):
 
     Raises
     ------
+    TypeError
+        ``worker`` is not a Worker, or the server is not float32.
     ValueError
         The server's value length of the table's keys is not ``2 * embedding_dim``,
         or the table does not fit the key range.
@@ -131,6 +143,10 @@ class PSEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Look up ``ids`` (int64, any shape); returns ``ids.shape + (embedding_dim,)``.
 
+        The values are the stored rows (``nn.functional.embedding(ids, rows)``).
+        In grad mode a backward pass through them runs the worker's Adagrad
+        step (it raises ``RuntimeError`` on a server with an optimizer).
+
         Raises
         ------
         TypeError, IndexError
@@ -147,6 +163,14 @@ class PSEmbedding(nn.Module):
         return out.view(*ids.shape, self.embedding_dim)
 
     def _apply_grad(self, keys: torch.Tensor, g: torch.Tensor, acc: torch.Tensor) -> None:
+        if self.worker.server.optimizer is not None:
+            raise RuntimeError(
+                "PSEmbedding: backward would push Adagrad deltas computed on the worker, but the kvps server has "
+                f"an update rule ({type(self.worker.server.optimizer).__name__}) that would apply them as "
+                "gradients; nothing was pushed. Train PSEmbedding on a server without optimizer "
+                "(kvps.Server(lengths)), or use kvps.torch.PSEmbeddingBag for a server-side rule; for "
+                "inference, run the lookup under torch.no_grad()"
+            )
         g = g.detach().float()
         g2 = g * g
         delta = -self.lr * g / ((acc + g2).sqrt() + self.eps)

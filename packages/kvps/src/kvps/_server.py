@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import threading
+import warnings
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -35,6 +38,39 @@ class _Config:
 
 _config: _Config | None = None
 _live: weakref.WeakSet[Server] = weakref.WeakSet()
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _adapm_keywords(**deprecated: str) -> Callable[[_F], _F]:
+    """Accept AdaPM's keyword ``async`` for ``asynchronous``, and ``deprecated`` old names (with a warning).
+
+    ``async`` is a Python keyword, so AdaPM's flag can only be passed
+    positionally or as ``**{"async": flag}``; both work. ``deprecated`` maps
+    old kvps keyword names to the current ones.
+    """
+    renames = {"async": "asynchronous", **deprecated}
+
+    def wrap(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            if kwargs:
+                for old, new in renames.items():
+                    if old not in kwargs:
+                        continue
+                    if new in kwargs:
+                        raise TypeError(f"{fn.__name__}() got both {old!r} and {new!r} (the same argument)")
+                    if old in deprecated:
+                        warnings.warn(
+                            f"Worker.{fn.__name__}({old}=...) is deprecated, use {new}= (AdaPM's name)",
+                            DeprecationWarning,
+                            stacklevel=2,
+                        )
+                    kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+
+        return cast(_F, inner)
+
+    return wrap
 
 
 def setup(num_keys: int, num_threads: int = 1, use_techniques: str = "all", num_channels: int = -1) -> None:
@@ -561,6 +597,7 @@ class Worker:
             self._e.wait(ts)
         return ts
 
+    @_adapm_keywords()
     def pull(self, keys: Any, vals: Any, asynchronous: bool = False) -> int:
         """Read the values of ``keys`` into the flat buffer ``vals`` (in place).
 
@@ -573,7 +610,10 @@ class Worker:
             the sum of the keys' value lengths. With ``asynchronous=True`` it is
             filled once ``wait(ts)`` returns (keep it alive until then).
         asynchronous : bool
-            Return at once instead of waiting.
+            Return at once instead of waiting. AdaPM's ``async`` flag: also
+            accepted positionally (``pull(keys, vals, True)``) or as
+            ``**{"async": True}`` (``async`` is a Python keyword); so are
+            those of ``push``, ``set``, ``localize`` and ``pull_sample``.
 
         Returns
         -------
@@ -591,6 +631,7 @@ class Worker:
         """
         return self._op(_PULL, keys, vals, asynchronous)
 
+    @_adapm_keywords()
     def push(self, keys: Any, vals: Any, asynchronous: bool = False) -> int:
         """Add ``vals`` to the values of ``keys`` (or, on a server with an optimizer, apply them as gradients).
 
@@ -610,6 +651,7 @@ class Worker:
         """
         return self._op(_PUSH, keys, vals, asynchronous)
 
+    @_adapm_keywords()
     def set(self, keys: Any, vals: Any, asynchronous: bool = False) -> int:
         """Overwrite the values of ``keys`` with ``vals`` (at the owner; replicas catch up at the next sync).
 
@@ -656,6 +698,7 @@ class Worker:
         with self._lock:
             self._keep.clear()
 
+    @_adapm_keywords()
     def localize(self, keys: Any, asynchronous: bool = False) -> int:
         """Relocate ``keys`` to this rank now (Lapse's primitive).
 
@@ -667,9 +710,11 @@ class Worker:
         Raises
         ------
         TypeError, ValueError, IndexError
-            Bad keys.
+            Bad keys, or ``asynchronous`` not a bool.
         """
         self.server._check_open()
+        if not isinstance(asynchronous, (bool, np.bool_)):
+            raise TypeError(f"asynchronous must be a bool, got {type(asynchronous).__name__}")
         kp, n, _keep = as_keys(keys, self.num_keys)
         ts = int(self._e.localize(self.customer_id, kp, n))
         if ts >= 0 and not asynchronous:
@@ -861,11 +906,27 @@ class Worker:
         self._samples[sid] = [keys, 0]
         return sid
 
-    def pull_sample(self, sample_id: int, keys_out: Any, vals_out: Any, asynchronous: bool = False) -> int:
-        """Take the next ``len(keys_out)`` keys of a prepared sample and pull their values.
+    @_adapm_keywords(sample_id="id", keys_out="keys", vals_out="vals")
+    def pull_sample(self, id: int, keys: Any, vals: Any, asynchronous: bool = False) -> int:
+        """Take the next ``len(keys)`` keys of a prepared sample and pull their values.
 
-        ``keys_out`` receives the keys; ``vals_out`` their values (filled once
-        ``wait(ts)`` returns when ``asynchronous=True``).
+        AdaPM's ``pull_sample(id, keys, vals, async=False)``: the same names
+        and order (``async`` positionally or as ``**{"async": flag}``). The
+        former kvps names (``sample_id``, ``keys_out``, ``vals_out``) still
+        work as keywords, with a ``DeprecationWarning``.
+
+        Parameters
+        ----------
+        id : int
+            A sample id from :meth:`prepare_sample` of this worker.
+        keys : 1-D int64 numpy array or CPU tensor
+            Receives the next ``len(keys)`` keys of the sample (written in place).
+        vals : 1-D contiguous numpy array or CPU tensor of the server dtype
+            Receives their values, concatenated in key order (its length: the
+            sum of those keys' value lengths); with ``asynchronous=True``
+            filled once ``wait(ts)`` returns.
+        asynchronous : bool
+            Return at once instead of waiting.
 
         Returns
         -------
@@ -877,30 +938,35 @@ class Worker:
         ------
         KeyError
             Unknown or exhausted sample id.
+        TypeError
+            ``id`` or ``asynchronous`` of the wrong type, ``keys`` not a 1-D
+            int64 array, ``vals`` of the wrong dtype; a name given twice.
         ValueError
-            ``keys_out`` longer than what remains of the sample, or ``vals_out`` of the wrong length.
+            ``keys`` longer than what remains of the sample, or ``vals`` of the wrong length.
         """
-        sid = check_int(sample_id, "sample_id", lo=0)
+        if not isinstance(asynchronous, (bool, np.bool_)):
+            raise TypeError(f"asynchronous must be a bool, got {type(asynchronous).__name__}")
+        sid = check_int(id, "id", lo=0)
         if sid not in self._samples:
             raise KeyError(f"unknown or exhausted sample id {sid}")
-        keys, used = self._samples[sid]
-        kout: Any = keys_out
-        if not isinstance(keys_out, (np.ndarray, torch.Tensor)):
-            raise TypeError(f"keys_out must be an int64 numpy array or tensor, got {type(keys_out).__name__}")
+        drawn, used = self._samples[sid]
+        kout: Any = keys
+        if not isinstance(kout, (np.ndarray, torch.Tensor)):
+            raise TypeError(f"keys must be an int64 numpy array or tensor, got {type(kout).__name__}")
         if kout.dtype not in (np.int64, torch.int64) or kout.ndim != 1:
-            raise TypeError(f"keys_out must be a 1-D int64 array, got dtype {kout.dtype}, ndim {kout.ndim}")
+            raise TypeError(f"keys must be a 1-D int64 array, got dtype {kout.dtype}, ndim {kout.ndim}")
         m = int(kout.shape[0])
-        if used + m > len(keys):
-            raise ValueError(f"sample {sid} has {len(keys) - used} keys left, keys_out asks for {m}")
-        chunk = keys[used : used + m]
+        if used + m > len(drawn):
+            raise ValueError(f"sample {sid} has {len(drawn) - used} keys left, keys asks for {m}")
+        chunk = drawn[used : used + m]
         count = int(self.server.lengths[chunk].sum())
-        as_values(vals_out, self.server.dtype, count, writable=True, name="vals_out")
+        as_values(vals, self.server.dtype, count, writable=True, name="vals")
         if isinstance(kout, np.ndarray):
             kout[:] = chunk
         else:
             kout.copy_(torch.from_numpy(chunk))
-        if used + m == len(keys):
+        if used + m == len(drawn):
             del self._samples[sid]
         else:
             self._samples[sid][1] = used + m
-        return self.pull(chunk, vals_out, asynchronous)
+        return self.pull(chunk, vals, asynchronous)

@@ -2,9 +2,11 @@
 
 * :class:`PSEmbeddingBag` / :class:`PSEmbeddingBagCollection`: pooled bags
   (``torch.nn.EmbeddingBag`` / TorchRec's ``EmbeddingBagCollection``) trained
-  by the server's optimizer (:mod:`kvps.optim`);
+  by the server's optimizer (:mod:`kvps.optim`); on a server without one
+  they serve lookups (forward) only;
 * :class:`PSEmbedding`: per-id lookups with Adagrad computed by the worker
-  (rows and accumulators are pulled, deltas pushed).
+  (rows and accumulators are pulled, deltas pushed to a server without
+  optimizer, which adds them).
 """
 
 from __future__ import annotations

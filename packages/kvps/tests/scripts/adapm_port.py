@@ -87,7 +87,8 @@ def example() -> None:
         sid = kv.prepare_sample(N, kv.current_clock())
         sk = np.zeros(N, dtype=np.int64)
         sv = np.ones(N * vpk, dtype=np.float32)
-        assert kv.pull_sample(sid, sk, sv) == -1
+        assert kv.pull_sample(sid, sk[:5], sv[: 5 * vpk]) == -1
+        assert kv.pull_sample(id=sid, keys=sk[5:], vals=sv[5 * vpk :]) == -1
         assert np.all((sk >= 0) & (sk < num_keys // 2)), sk
         kv.barrier()
         kv.finalize()
@@ -408,7 +409,10 @@ def varlen_sampling() -> None:
                     w0.pull_sample(sid, kout, np.zeros(0, dtype=np.float32))
                 ks = w0._samples[sid][0][w0._samples[sid][1] : w0._samples[sid][1] + m]
                 vout = np.zeros(int(lengths[ks].sum()), dtype=np.float32)
-                ts = w0.pull_sample(sid, kout, vout, True)
+                if left % 2:  # AdaPM's binding: positional async flag, or its keyword names
+                    ts = w0.pull_sample(sid, kout, vout, True)
+                else:
+                    ts = w0.pull_sample(id=sid, keys=kout, vals=vout, **{"async": True})
                 w0.wait(ts)
                 assert np.all((kout >= 10) & (kout < 140)), kout
                 want = np.concatenate([init[off[k] : off[k + 1]] for k in kout])
