@@ -62,11 +62,13 @@ def test_shaped_links_limit_a_tcp_stream_in_both_directions(simulated_cluster: c
 
 @pytest.mark.cluster
 def test_mpi_sendrecv_bound_follows_the_shaped_rate(simulated_cluster: cluster.Cluster) -> None:
-    # 4 MiB each way at once over 100mbit: ~0.35 s per exchange; each host's uplink carries one direction
-    res = measure_mpi_sendrecv(("dkh1", "dkh2"), 4 * 2**20, 3, timeout=120, rate="100mbit")
+    # 4 MiB from dkh1 to dkh2 over 100mbit: ~0.35 s per message. One way: both ways at once, an
+    # exchange on the loaded cores sometimes runs one direction after the other, all 3 in one of 3
+    # runs (half the rate each way; see ci/cluster/README.md)
+    res = measure_mpi_sendrecv(("dkh1", "dkh2"), 4 * 2**20, 3, timeout=120, rate="100mbit", one_way=True)
     assert res["hosts"] == ["dkh1", "dkh2"] and res["bytes"] == 4 * 2**20 and len(res["seconds"]) == 3
-    assert res["best_s"] <= res["median_s"] == sorted(res["seconds"])[1]
-    assert res["bytes_per_s"] == res["bytes"] / res["median_s"]
+    assert res["best_s"] == min(res["seconds"]) and res["median_s"] == sorted(res["seconds"])[1]
+    assert res["bytes_per_s"] == res["bytes"] / res["median_s"] and res["one_way"]
     ratio = res["bytes_per_s"] / (1e8 / 8 * cluster.TCP_GOODPUT_SHARE)
     assert 1 - TOLERANCE <= ratio <= 1 + TOLERANCE, res
     assert cluster.current() == simulated_cluster  # the session's links as they were
