@@ -55,9 +55,21 @@ def test_shaped_links_limit_a_tcp_stream_in_both_directions(simulated_cluster: c
             assert cluster.active() == c and cluster.current() == c
             assert all(cluster.link_rates(h) == (bits, bits) for h in c.hosts)
             _within(bits, src, dst)
+            assert cluster.host_pids(src) == [] and cluster.host_pids(dst) == []  # both ends reaped
         # the outer session's links are as they were
         assert cluster.current() == outer
         assert all(cluster.link_rates(h) == (outer.rate, outer.rate) for h in outer.hosts)
+
+
+@pytest.mark.cluster
+def test_measure_tcp_is_bounded_in_time_and_reaps_its_ends(simulated_cluster: cluster.Cluster) -> None:
+    # a 30 s stream cut off by a 3 s timeout (at 1mbit, so that it costs no CPU meanwhile)
+    with cluster.session(2, rate="1mbit"):
+        with pytest.raises(cluster.ClusterError, match=r"the TCP stream dkh1 -> dkh2 did not end within 3s"):
+            cluster.measure_tcp("dkh1", "dkh2", seconds=30, timeout=3)
+        assert cluster.host_pids("dkh1") == [] and cluster.host_pids("dkh2") == []
+    with pytest.raises(cluster.ClusterError, match="hosts dkh1 and dkh9 are not both up"):
+        cluster.measure_tcp("dkh1", "dkh9")
 
 
 @pytest.mark.cluster
