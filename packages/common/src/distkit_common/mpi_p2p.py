@@ -86,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bytes", type=parse_size, default=64 * 2**20, help="buffer size (default 64MiB)")
     parser.add_argument("--iters", type=int, default=5, help=f"timed exchanges, [1, {MAX_ITERS}] (default 5)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed exchanges first (default 1)")
+    parser.add_argument("--one-way", action="store_true", help="rank 0 sends, rank 1 receives (Send / Recv)")
     parser.add_argument("--allow-same-host", action="store_true", help="also run when both ranks share a host")
     a = parser.parse_args(argv)
     if not 1 <= a.iters <= MAX_ITERS or not 0 <= a.warmup <= MAX_ITERS:
@@ -114,11 +115,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for i in range(a.warmup + a.iters):
         comm.Barrier()
         t0 = MPI.Wtime()
-        comm.Sendrecv(send, dest=peer, recvbuf=recv, source=peer)
+        if not a.one_way:
+            comm.Sendrecv(send, dest=peer, recvbuf=recv, source=peer)
+        elif rank == 0:
+            comm.Send(send, dest=peer)
+        else:
+            comm.Recv(recv, source=peer)
         dt = comm.allreduce(MPI.Wtime() - t0, op=MPI.MAX)
         if i >= a.warmup:
             times.append(dt)
-    same = comm.allreduce(bool(np.array_equal(recv, pattern(peer))), op=MPI.LAND)
+    same = comm.allreduce(bool((a.one_way and rank == 0) or np.array_equal(recv, pattern(peer))), op=MPI.LAND)
     if not same:
         if rank == 0:
             print("mpi_p2p: a received buffer differs from what its peer sent", file=sys.stderr)
@@ -127,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         median = statistics.median(times)
         result = {
             "bytes": a.bytes,
+            "one_way": a.one_way,
             "iters": a.iters,
             "hosts": hosts,
             "seconds": times,

@@ -636,6 +636,7 @@ def measure_mpi_sendrecv(
     *,
     timeout: float = DEFAULT_TIMEOUT,
     rate: str | None = None,
+    one_way: bool = False,
 ) -> dict[str, Any]:
     """The MPI point-to-point bound between two hosts: ``MPI_Sendrecv`` of ``nbytes`` each way, timed.
 
@@ -654,6 +655,8 @@ def measure_mpi_sendrecv(
         Seconds before the job is killed and the call fails.
     rate : str, optional
         Shape the links to this rate for the job (see :func:`run_cluster`).
+    one_way : bool
+        Only the first host sends (``Send`` / ``Recv``) instead of both at once.
 
     Returns
     -------
@@ -680,6 +683,11 @@ def measure_mpi_sendrecv(
         if not 1 <= value <= top:
             raise ValueError(f"{name} = {value} is out of range [1, {top}]")
     res = run_cluster(
-        names, 1, mpi_p2p.__file__, timeout, args=["--bytes", str(nbytes), "--iters", str(iters)], rate=rate
+        names,
+        1,
+        mpi_p2p.__file__,
+        timeout,
+        args=["--bytes", str(nbytes), "--iters", str(iters), *(["--one-way"] if one_way else [])],
+        rate=rate,
     )
     return mpi_p2p.parse_result(res.stdout)
