@@ -184,6 +184,7 @@ def zipf_across_hosts(rounds: int) -> None:
     steps, batch, ahead = 600, 4096, 16
     measured = steps - zipf_warm(steps)
     for per_rank, what in ((False, "hot keys shared by all ranks"), (True, "each rank its own hot keys")):
+
         def batches_of(r: int, per_rank: bool = per_rank) -> list[np.ndarray]:
             return zipf_batches(r, nk, steps, batch, per_rank)
 

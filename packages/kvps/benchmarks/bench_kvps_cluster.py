@@ -19,7 +19,7 @@ the job's BENCH lines. Workloads (``workloads.py``):
   shared by all ranks;
 * ``kge``: knowledge-graph embeddings: 1024 triples per step, heads and tails
   Zipf(1.1) over 200k entities, plus all 300 relations every step;
-* ``w2v``: word2vec-like: 2048 Zipf(1.1) words and 2048 uniform negative
+* ``w2v``: word2vec-like: 1024 Zipf(1.1) words and 1024 uniform negative
   samples per step over a 200k vocabulary (input and output vectors);
 * ``zipf``: ``bench_kvps.py``'s Zipf(1.1) batches (4096 draws of 200k keys),
   each rank its own hot keys.
@@ -64,14 +64,19 @@ class Plan:
     rounds: int
 
 
-#: at 100 Mbit/s the classic server ran ~9-15 steps/s (its MF rows cross the link: ~750 kB per host and
-#: step), so fewer steps there; elsewhere the 2 shared cores bound it (~30-50 steps/s under load)
+#: At 100 Mbit/s the classic server ran 3-14 steps/s (2026-12-01, load average ~20: its MF rows cross the link,
+#: ~750 kB per host and step on 2 hosts, and 4 hosts send more), so fewer steps and rounds there; at the other
+#: rates the 2 shared cores bound it (~20-40 steps/s under that load). All four rates took ~N min.
 PLANS: dict[str, Plan] = {
-    "100mbit": Plan(60, 3),
-    "1gbit": Plan(120, 3),
-    "10gbit": Plan(120, 3),
-    "unshaped": Plan(120, 3),
+    "100mbit": Plan(45, 2),
+    "1gbit": Plan(75, 3),
+    "10gbit": Plan(75, 3),
+    "unshaped": Plan(75, 3),
 }
+#: seconds for all rows (``tools/bench_all.py`` kills a benchmark script after 1800 s): a job starts only
+#: with at least MIN_JOB_S of it left, and gets what is left as its timeout
+BUDGET_S = 1650.0
+MIN_JOB_S = 120.0
 
 
 # --------------------------------------------------------------------------- driver (root namespace)
@@ -83,7 +88,7 @@ def _tbf(rate: str) -> list[str]:
     unit = next(u for u in bits if rate.endswith(u))
     per_s = float(rate[: -len(unit)]) * bits[unit] / 8
     burst = max(64 * 1024, int(per_s * 0.004))
-    return ["tbf", "rate", rate, "burst", str(burst), "latency", "50ms"]
+    return ["tbf", "rate", rate, "burst", str(burst), "latency", "5ms"]
 
 
 def _shape(n: int, rate: str) -> None:
@@ -141,6 +146,12 @@ def driver(argv: Sequence[str]) -> int:
     p.add_argument("--workloads", type=lambda s: parse_list(s, WORKLOADS, "--workloads"), default=list(WORKLOADS))
     p.add_argument("--steps", type=int, help="steps per variant (default: per rate, see PLANS)")
     p.add_argument("--rounds", type=int, help="rounds per row (default: per rate, see PLANS)")
+    p.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds for all rows (default {BUDGET_S:g})")
+    p.add_argument(
+        "--zipf-2x2",
+        action="store_true",
+        help="instead: bench_kvps.py --zipf-across-hosts on 2 hosts x 2 ranks, unshaped (the README's 2 x 2 rows)",
+    )
     a = p.parse_args(argv)
     hosts = a.hosts or list(HOSTS)
     for name, v in (("--steps", a.steps), ("--rounds", a.rounds)):
@@ -154,16 +165,30 @@ def driver(argv: Sequence[str]) -> int:
     if reason:
         print(f"simulated cluster unavailable: {reason} (no measurement across hosts)", file=sys.stderr)
         return 0
+    if a.zipf_2x2:
+        res = run_cluster(2, 2, Path(__file__).with_name("bench_kvps.py"), 1500, args=["--zipf-across-hosts"])
+        lines = [ln for ln in res.stdout.splitlines() if ln.startswith("BENCH ")]
+        print("\n".join(lines), flush=True)
+        return 0 if lines else 1
     failures = []
+    start = time.monotonic()
     for rate in a.rates:
         plan = PLANS[rate]
         steps, rounds = a.steps or plan.steps, a.rounds or plan.rounds
         t0 = time.monotonic()
         with shaped_session(max(hosts), RATES[rate]):
             for j, n in enumerate(hosts):
+                left = a.budget - (time.monotonic() - start)
+                if left < MIN_JOB_S:
+                    failures.append(f"{rate}, {n} hosts: not run, {a.budget:g} s budget spent (--budget)")
+                    continue
                 args = ["--rank", "--rate", rate, "--workloads", ",".join(a.workloads)]
                 args += ["--steps", str(steps), "--rounds", str(rounds)] + (["--link"] if j == 0 else [])
-                res = run_cluster(n, 1, __file__, 1500, args=args, check=False)
+                try:
+                    res = run_cluster(n, 1, Path(__file__).resolve(), left, args=args, check=False)
+                except AssertionError as e:  # a timeout: every process of the job was killed
+                    failures.append(f"{rate}, {n} hosts: {str(e).splitlines()[0]}")
+                    continue
                 print("\n".join(ln for ln in res.stdout.splitlines() if ln.startswith("BENCH ")), flush=True)
                 if res.returncode != 0:
                     failures.append(f"{rate}, {n} hosts: exit {res.returncode}")
@@ -217,23 +242,35 @@ def link_bound(rate: str) -> None:
 
     buf = np.zeros(4 << 20, dtype=np.uint8)
     out = np.empty_like(buf)
-    ts = []
-    for i in range(6):
-        comm.Barrier()
-        t0 = time.perf_counter()
+
+    def sendrecv() -> None:
         if rank in (0, 1):
             comm.Sendrecv(buf, dest=1 - rank, recvbuf=out, source=1 - rank)
-        if i:
-            ts.append(time.perf_counter() - t0)
-    t = comm.bcast(float(np.median(ts)) if rank == 0 else 0.0, root=0)
-    emit(
-        f"link at {rate}: MPI_Sendrecv of 4 MiB between two hosts, both directions at once (Mbit/s each way)",
-        8 * buf.size / t / 1e6,
-        "info",
-        None,
-        unit="Mbit/s",
-        seconds=t,
-    )
+
+    def send() -> None:
+        if rank == 0:
+            comm.Send(buf, dest=1)
+        elif rank == 1:
+            comm.Recv(out, source=0)
+
+    for fn, what in ((sendrecv, "MPI_Sendrecv of 4 MiB, both directions at once"), (send, "MPI_Send of 4 MiB")):
+        ts = []
+        for i in range(6):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            fn()
+            comm.Barrier()
+            if i:  # the first one connects
+                ts.append(time.perf_counter() - t0)
+        t = comm.bcast(float(np.median(ts)) if rank == 0 else 0.0, root=0)
+        emit(
+            f"link at {rate}: {what} between two hosts (Mbit/s each way)",
+            8 * buf.size / t / 1e6,
+            "info",
+            None,
+            unit="Mbit/s",
+            seconds=t,
+        )
 
 
 def workload(name: str, steps: int) -> tuple[str, int, Callable[[int], Sequence[Any]]]:
@@ -257,9 +294,9 @@ def workload(name: str, steps: int) -> tuple[str, int, Callable[[int], Sequence[
         )
     if name == "w2v":
         return (
-            f"word2vec-like: 2048 Zipf(1.1) words + 2048 uniform negatives per step, 200k vocabulary, d={wl.DIM}",
+            f"word2vec-like: 1024 Zipf(1.1) words + 1024 uniform negatives per step, 200k vocabulary, d={wl.DIM}",
             400_000,
-            lambda r: wl.w2v_batches(r, 200_000, count, 2048, 2048),
+            lambda r: wl.w2v_batches(r, 200_000, count, 1024, 1024),
         )
     if name == "zipf":
         return (

@@ -48,7 +48,9 @@ def zipf_batches(r: int, nk: int, count: int, batch: int, per_rank: bool) -> lis
 
 
 @functools.lru_cache(maxsize=8)
-def mf_batches(r: int, ranks: int, rows: int, cols: int, count: int, row_batch: int, col_batch: int) -> list[np.ndarray]:
+def mf_batches(
+    r: int, ranks: int, rows: int, cols: int, count: int, row_batch: int, col_batch: int
+) -> list[np.ndarray]:
     """Partitioned matrix factorisation: rank ``r``'s rows (``rows`` of its own) and the shared columns.
 
     Keys ``0 .. cols-1`` are the column factors, used by every rank; then each
