@@ -335,7 +335,7 @@ def row(name: str, rate: str, steps: int, rounds: int) -> None:
     ri = float(np.median([c / i for c, i in zip(t["classic"], t["intent"])]))
     ro = float(np.median([c / o for c, o in zip(t["classic"], t["oracle"])]))
     rio = float(np.median([o / i for o, i in zip(t["oracle"], t["intent"])]))
-    where = f"{size} hosts x 1 rank, {rate}"
+    where = f"{name}, {size} hosts x 1 rank, {rate}"
     goal = 0.95
     if rate == "100mbit" and name in ("mf", "kge"):
         goal = 2.0 if size == 2 else 3.0
@@ -344,7 +344,7 @@ def row(name: str, rate: str, steps: int, rounds: int) -> None:
     si = st["intent"]
     accesses = max(1.0, si["local_timed"] + si["shared_timed"] + si["remote_timed"])
     emit(
-        f"{what}, {where}: intent / classic speed",
+        f"{where}: intent / classic speed ({what})",
         ri,
         f">= {goal:g}",
         ri >= goal,
@@ -363,7 +363,7 @@ def row(name: str, rate: str, steps: int, rounds: int) -> None:
     )
     so = st["oracle"]
     emit(
-        f"{what}, {where}: oracle placement (perfect foresight, free moves) / classic speed",
+        f"{where}: oracle placement (perfect foresight, free moves) / classic speed ({what})",
         ro,
         "info (the bound of intent's gain)",
         None,
@@ -373,7 +373,7 @@ def row(name: str, rate: str, steps: int, rounds: int) -> None:
     # the fraction of the oracle's gain intent reaches; meaningless where the oracle gains (almost) nothing
     frac = (ri - 1) / (ro - 1) if ro > 1.05 else None
     emit(
-        f"{what}, {where}: intent's share of the oracle's gain, (intent/classic - 1) / (oracle/classic - 1)",
+        f"{where}: intent's share of the oracle's gain, (intent/classic - 1) / (oracle/classic - 1) ({what})",
         frac,
         ">= 0.8" if frac is not None else "info (the oracle gains < 5 %)",
         frac >= 0.8 if frac is not None else None,

@@ -142,7 +142,8 @@ def oracle_placement(batches_of: BatchesOf, nk: int, hosts: list[str]) -> tuple[
     best_host = by_host.argmax(0)
     # the ranks of other hosts may not win a key: mask them out
     masked = np.where(host_of[:, None] == best_host[None, :], uses, -1)
-    home = masked.argmax(0)
+    # keys no rank uses keep their hash home (argmax would put them all on rank 0 and inflate its shard)
+    home = np.where(uses.any(0), masked.argmax(0), np.arange(nk) % size)
     new = np.empty(nk, dtype=np.int64)
     per_home = np.bincount(home, minlength=size)
     for h in range(size):
