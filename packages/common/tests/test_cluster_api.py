@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from distkit_common import cluster, heartbeat, testing
+from distkit_common import cluster, heartbeat, mpi_p2p, testing
 from distkit_common._cluster_job import placement
 from distkit_common._cluster_rank import is_pytest_file
 from distkit_common.testing import Fault
@@ -100,6 +100,78 @@ def test_run_cluster_rejects_bad_arguments_before_touching_the_machine() -> None
         testing.run_cluster(2, 2, SCRIPTS / "missing.py", 10)
     with pytest.raises(ValueError, match="timeout must be positive"):
         testing.run_cluster(2, 2, job, 0)
+    with pytest.raises(ValueError, match="rate '1 gigabit' is not a link rate"):
+        testing.run_cluster(2, 2, job, 10, rate="1 gigabit")
+
+
+@pytest.mark.parametrize(
+    ("rate", "bits", "shown"),
+    [
+        ("100mbit", 10**8, "100mbit"),
+        ("1gbit", 10**9, "1gbit"),
+        ("10Gbit", 10**10, "10gbit"),
+        ("1.5gbit", 15 * 10**8, "1500mbit"),
+        ("125MBps", 10**9, "1gbit"),  # tc: ...bps is bytes per second
+        ("1mibit", 2**20, "1048576bit"),
+        ("1000001bit", 1000000, "1mbit"),  # rounded down to whole bytes per second, as the kernel keeps it
+        ("100gbit", 10**11, "100gbit"),
+    ],
+)
+def test_rates_are_read_in_tc_syntax(rate: str, bits: int, shown: str) -> None:
+    assert cluster.parse_rate(rate) == bits
+    assert cluster.format_rate(bits) == shown
+    assert cluster.parse_rate(shown) == bits
+
+
+@pytest.mark.parametrize(
+    ("rate", "error", "match"),
+    [
+        ("", ValueError, "rate '' is not a link rate"),
+        ("100", ValueError, "rate '100' is not a link rate: a number and one of the units bit, kbit"),
+        ("100mb", ValueError, "rate '100mb' is not a link rate"),
+        ("-1gbit", ValueError, "rate '-1gbit' is not a link rate"),
+        ("1e9bit", ValueError, "rate '1e9bit' is not a link rate"),
+        ("0gbit", ValueError, r"rate '0gbit' \(0 bit/s\) is out of range \[1mbit, 100gbit\]"),
+        ("999kbit", ValueError, r"out of range \[1mbit, 100gbit\]"),
+        ("1tbit", ValueError, r"rate '1tbit' \(1000000000000 bit/s\) is out of range"),
+        (10**9, TypeError, "rate must be a str like '1gbit', got int"),
+    ],
+)
+def test_bad_rates_are_rejected_before_touching_the_machine(rate: object, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        cluster.parse_rate(rate)  # type: ignore[arg-type]
+    with pytest.raises(error, match=match):
+        cluster.up(2, rate=rate)  # type: ignore[arg-type]
+    with pytest.raises(error, match=match), cluster.session(2, rate=rate):  # type: ignore[arg-type]
+        pass
+    with pytest.raises(error, match=match):
+        cluster.shape(rate)  # type: ignore[arg-type]
+
+
+def test_tbf_bucket_and_queue_grow_with_the_rate() -> None:
+    # bucket: 4 ms of the rate (>= rate / HZ, HZ = 250), at least 128 KiB; queue: 50 ms, at least 1 MiB
+    assert cluster.tbf_params(10**8) == (131072, 131072 + 1048576)
+    assert cluster.tbf_params(10**9) == (500_000, 500_000 + 6_250_000)
+    assert cluster.tbf_params(10**10) == (5_000_000, 5_000_000 + 62_500_000)
+    assert pytest.approx(0.9564, abs=1e-4) == cluster.TCP_GOODPUT_SHARE
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"src": "dkh1", "dst": "dkh1"}, ValueError, "src and dst are the same host dkh1"),
+        ({"src": "dkh1", "dst": "eth0"}, ValueError, "'eth0' is not a simulated host name"),
+        ({"src": 1, "dst": 2, "seconds": 0}, ValueError, r"seconds = 0 is out of range \(0, 60.0\]"),
+        ({"src": 1, "dst": 2, "seconds": 61}, ValueError, r"seconds = 61 is out of range"),
+        ({"src": 1, "dst": 2, "seconds": "1"}, TypeError, "seconds must be a number, got str"),
+        ({"src": 1, "dst": 2, "nbytes": 1000}, ValueError, "nbytes = 1000 is below 1 MiB"),
+        ({"src": 1, "dst": 2, "nbytes": 2.0**30}, TypeError, "nbytes must be an int, got float"),
+        ({"src": 1, "dst": 2, "seconds": 5, "timeout": 5}, ValueError, "timeout must be a number above seconds = 5"),
+    ],
+)
+def test_measure_tcp_rejects_bad_arguments(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        cluster.measure_tcp(**kwargs)
 
 
 def test_pytest_targets_are_recognised() -> None:
@@ -312,3 +384,37 @@ def test_heartbeat_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DISTKIT_HEARTBEAT_TIMEOUT_S", "ten")
     with pytest.raises(ValueError, match="DISTKIT_HEARTBEAT_TIMEOUT_S='ten' is not a number"):
         heartbeat.start()
+
+
+def test_mpi_p2p_sizes_results_and_bad_arguments() -> None:
+    assert [mpi_p2p.parse_size(t) for t in ("4096", "64KiB", "16MiB", "1GiB")] == [4096, 65536, 2**24, 2**30]
+    for bad, match in (("0", "out of range"), ("2GiB", "out of range"), ("1MB", "not an integer"), ("", "not")):
+        with pytest.raises(ValueError, match=match):
+            mpi_p2p.parse_size(bad)
+    assert mpi_p2p.parse_result('x\nDISTKIT_P2P {"bytes": 5}\n') == {"bytes": 5}
+    with pytest.raises(ValueError, match="expected one DISTKIT_P2P line in the output, found 0"):
+        mpi_p2p.parse_result("no result\n")
+    with pytest.raises(ValueError, match="hosts must be 2 hosts"):
+        testing.measure_mpi_sendrecv(["dkh1"])
+    with pytest.raises(ValueError, match="hosts must be 2 hosts"):
+        testing.measure_mpi_sendrecv("dkh1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"hosts must be 2 different hosts, got \['dkh2', 'dkh2'\]"):
+        testing.measure_mpi_sendrecv(["dkh2", 2])
+    with pytest.raises(ValueError, match=r"nbytes = 0 is out of range \[1, 2147483647\]"):
+        testing.measure_mpi_sendrecv(nbytes=0)
+    with pytest.raises(TypeError, match="iters must be an int, got float"):
+        testing.measure_mpi_sendrecv(iters=2.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="rate 'fast' is not a link rate"):
+        testing.measure_mpi_sendrecv(rate="fast")
+
+
+def test_plugin_reads_the_session_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    from distkit_common import pytest_cluster
+
+    monkeypatch.delenv(pytest_cluster.RATE_ENV, raising=False)
+    assert pytest_cluster._rate() is None
+    monkeypatch.setenv(pytest_cluster.RATE_ENV, "10gbit")
+    assert pytest_cluster._rate() == "10gbit"
+    monkeypatch.setenv(pytest_cluster.RATE_ENV, "10gb")
+    with pytest.raises(pytest.UsageError, match="DISTKIT_CLUSTER_RATE: rate '10gb' is not a link rate"):
+        pytest_cluster._rate()

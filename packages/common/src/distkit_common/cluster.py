@@ -9,6 +9,11 @@ on a real cluster. Every host resolves every other host (``/etc/netns/<host>/
 hosts``, which ``ip netns exec`` mounts over ``/etc/hosts``), and so does the
 root namespace (a marked block in ``/etc/hosts``, removed by :func:`down`).
 
+With a rate (:func:`up`, :func:`session`, :func:`shape`) a tbf qdisc on both ends
+of each host's veth limits what the host sends (``dk0``) and receives (``dkv<i>``);
+``tc`` (iproute2) is then needed too. The rate is read back from the kernel
+(:func:`current`, :func:`link_rates`); :func:`measure_tcp` measures a link.
+
 Nothing leaves the machine: the namespaces have no default route, the bridge
 has no uplink, and :func:`up` refuses to start when the subnet is already used
 by an interface it did not make.
@@ -18,7 +23,9 @@ library is used, so this file also runs as a script from a source checkout
 (``ci/cluster/up``)::
 
     python3 cluster.py up 3         # hosts dkh1..dkh3 (idempotent)
+    python3 cluster.py up 3 --rate 1gbit   # every host's link shaped to 1 Gbit/s each way
     python3 cluster.py exec dkh2 hostname
+    python3 cluster.py measure dkh1 dkh2   # one TCP stream's goodput
     python3 cluster.py status
     python3 cluster.py down         # removes everything up made (idempotent)
 
@@ -33,8 +40,10 @@ import contextlib
 import errno
 import fcntl
 import ipaddress
+import json
 import os
 import re
+import selectors
 import shlex
 import shutil
 import signal
@@ -72,6 +81,8 @@ HOSTS_BEGIN = "# >>> distkit simulated cluster (distkit_common.cluster; removed 
 HOSTS_END = "# <<< distkit simulated cluster <<<"
 #: how long session() waits for another process's cluster to be released
 LOCK_WAIT_S = 1800.0
+#: names an inherited fd of the lock file its holder passes to a command line it runs (see _cli_lock)
+LOCK_FD_ENV = "DISTKIT_CLUSTER_LOCK_FD"
 #: engine settings for jobs across the hosts (keepalives, timeouts); ci/env.cluster links here
 ENV_FILE = Path(__file__).with_name("cluster.env")
 #: Open MPI's launch agent: runs the remote daemon inside a host's namespaces (a stand-in for ssh)
@@ -135,6 +146,8 @@ class Cluster:
     """The hosts of a simulated cluster that is up."""
 
     hosts: tuple[Host, ...]
+    #: the shaped rate of every host's link in bits/s (both directions), None: unshaped
+    rate: int | None = None
 
     @property
     def names(self) -> list[str]:
@@ -292,6 +305,342 @@ def _alive(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
 
 
+# --------------------------------------------------------------------------- shaped links
+
+#: tc's rate units (iproute2's ``get_rate64``, case-insensitive): bits per second, or bytes
+#: per second for the ``...bps`` ones, with decimal (k, m, g, t) or binary (ki, mi, gi, ti) prefixes
+RATE_UNITS: dict[str, int] = {
+    **{f"{p}bit": m for p, m in (("", 1), ("k", 10**3), ("m", 10**6), ("g", 10**9), ("t", 10**12))},
+    **{f"{p}bit": m for p, m in (("ki", 2**10), ("mi", 2**20), ("gi", 2**30), ("ti", 2**40))},
+    **{f"{p}bps": 8 * m for p, m in (("", 1), ("k", 10**3), ("m", 10**6), ("g", 10**9), ("t", 10**12))},
+    **{f"{p}bps": 8 * m for p, m in (("ki", 2**10), ("mi", 2**20), ("gi", 2**30), ("ti", 2**40))},
+}
+_RATE_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([a-z]+)$", re.IGNORECASE)
+#: the rates a link can be shaped to, bits/s (tbf's 32-bit bucket and queue sizes bound them)
+MIN_RATE = 10**6
+MAX_RATE = 100 * 10**9
+#: the share of a shaped link's rate that one TCP stream carries as payload: tbf counts every
+#: frame as 14 (Ethernet) + 20 (IP) + 32 (TCP with timestamps) + 1448 payload bytes (MTU 1500)
+TCP_GOODPUT_SHARE = 1448 / 1514
+#: tbf's bucket: SHAPE_BURST_S of the rate, at least SHAPE_MIN_BURST bytes (two 64 KiB GSO packets)
+SHAPE_BURST_S = 0.004
+SHAPE_MIN_BURST = 128 * 1024
+#: tbf's queue beyond the bucket: SHAPE_QUEUE_S of the rate (tc's ``latency``), at least SHAPE_MIN_QUEUE bytes
+SHAPE_QUEUE_S = 0.05
+SHAPE_MIN_QUEUE = 1024 * 1024
+
+
+def parse_rate(rate: str) -> int:
+    """The link rate ``rate`` (tc's syntax: ``"100mbit"``, ``"1gbit"``, ``"10gbit"``, ``"125MBps"``) in bits/s.
+
+    A unit is required (tc reads a bare number as bits/s, old tc documentation as
+    bytes/s). The rate is rounded down to whole bytes per second, as the kernel
+    stores it.
+
+    Parameters
+    ----------
+    rate : str
+        A decimal number and one of :data:`RATE_UNITS` (case-insensitive).
+
+    Returns
+    -------
+    int
+        Bits per second, a multiple of 8.
+
+    Raises
+    ------
+    TypeError
+        If ``rate`` is not a str.
+    ValueError
+        If ``rate`` is not a number with a known unit, or outside ``[MIN_RATE, MAX_RATE]``.
+    """
+    if not isinstance(rate, str):
+        raise TypeError(f"rate must be a str like '1gbit', got {type(rate).__name__}")
+    m = _RATE_RE.match(rate.strip())
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in RATE_UNITS:
+        raise ValueError(
+            f"rate {rate!r} is not a link rate: a number and one of the units {', '.join(RATE_UNITS)} "
+            "(tc's syntax, e.g. '100mbit', '1gbit', '10gbit')"
+        )
+    whole, _, frac = m.group(1).partition(".")
+    scale = RATE_UNITS[unit]
+    bits = (int(whole + frac) * scale) // 10 ** len(frac)
+    bits -= bits % 8
+    if not MIN_RATE <= bits <= MAX_RATE:
+        raise ValueError(
+            f"rate {rate!r} ({bits} bit/s) is out of range [{format_rate(MIN_RATE)}, {format_rate(MAX_RATE)}]"
+        )
+    return bits
+
+
+def format_rate(bits: int) -> str:
+    """A rate in bits/s as tc writes it, with the largest unit that divides it (``10**9`` -> ``"1gbit"``)."""
+    for unit, scale in (("tbit", 10**12), ("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3)):
+        if bits % scale == 0:
+            return f"{bits // scale}{unit}"
+    return f"{bits}bit"
+
+
+def tbf_params(bits: int) -> tuple[int, int]:
+    """``(burst, limit)`` in bytes of the tbf qdisc that shapes a link to ``bits`` bits/s.
+
+    The bucket (``burst``) holds :data:`SHAPE_BURST_S` of the rate, at least
+    :data:`SHAPE_MIN_BURST` (a 64 KiB GSO packet larger than the bucket would be cut
+    into segments on every enqueue); the queue behind it (``limit - burst``)
+    :data:`SHAPE_QUEUE_S` of the rate, at least :data:`SHAPE_MIN_QUEUE`.
+    """
+    rate = bits // 8
+    burst = max(SHAPE_MIN_BURST, int(rate * SHAPE_BURST_S))
+    return burst, burst + max(SHAPE_MIN_QUEUE, int(rate * SHAPE_QUEUE_S))
+
+
+def _tc(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    argv = ["tc", *(("-n", netns) if netns else ()), *args]
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise ClusterError("shaping links needs `tc` (iproute2), which is not installed") from None
+    if check and res.returncode != 0:
+        raise ClusterError(
+            f"`{' '.join(argv)}` failed: {res.stderr.strip() or res.returncode} "
+            "(shaping needs the kernel's tbf qdisc, CONFIG_NET_SCH_TBF)"
+        )
+    return res
+
+
+def _ends(h: Host) -> tuple[tuple[str, str | None], tuple[str, str | None]]:
+    """The two ends of host h's veth as (device, namespace): the bridge port, then dk0 inside the host."""
+    return (h.link, None), (IFNAME, h.name)
+
+
+def _root_tbf(dev: str, netns: str | None) -> int | None:
+    """The rate in bits/s of the tbf qdisc at the root of ``dev``, None when there is none."""
+    if shutil.which("tc") is None:
+        return None
+    res = _tc("-j", "qdisc", "show", "dev", dev, netns=netns, check=False)
+    try:
+        qdiscs = json.loads(res.stdout or "[]")
+    except ValueError:
+        return None
+    for q in qdiscs:
+        if q.get("kind") == "tbf" and q.get("root"):
+            return int(q.get("options", {}).get("rate", 0)) * 8
+    return None
+
+
+def link_rates(h: Host | str | int) -> tuple[int | None, int | None]:
+    """The shaped rates of host ``h``'s link in bits/s: ``(towards the host, from the host)``.
+
+    The first is the tbf on the bridge port ``dkv<i>`` (what the host receives),
+    the second the tbf on ``dk0`` inside the host (what it sends); None where
+    that end is not shaped (or the host is not up).
+    """
+    hh = resolve_host(h)
+    return tuple(_root_tbf(dev, ns) for dev, ns in _ends(hh))  # type: ignore[return-value]
+
+
+def _apply_rate(hosts: Sequence[Host], bits: int | None) -> None:
+    """Shape both ends of every host's veth to ``bits`` bits/s (replace), or remove the shaping (None)."""
+    if bits is None:
+        if shutil.which("tc") is None:
+            return
+        for h in hosts:
+            for dev, ns in _ends(h):
+                if _root_tbf(dev, ns) is not None:
+                    _tc("qdisc", "del", "dev", dev, "root", netns=ns)
+        return
+    burst, limit = tbf_params(bits)
+    for h in hosts:
+        for dev, ns in _ends(h):
+            _tc(
+                "qdisc", "replace", "dev", dev, "root", "tbf",
+                "rate", f"{bits}bit", "burst", str(burst), "limit", str(limit),
+                netns=ns,
+            )  # fmt: skip
+            if _root_tbf(dev, ns) != bits:
+                raise ClusterError(f"the kernel did not shape {dev} to {format_rate(bits)}: `tc qdisc show` differs")
+
+
+def shape(rate: str | None) -> Cluster:
+    """Shape (or unshape: None) every host's link of the cluster that is up now, in both directions.
+
+    :func:`up` and :func:`session` do this; call it directly only on a cluster you hold.
+
+    Parameters
+    ----------
+    rate : str or None
+        A rate in tc's syntax (:func:`parse_rate`), or None to remove the shaping.
+
+    Returns
+    -------
+    Cluster
+        The cluster, with its new rate.
+
+    Raises
+    ------
+    ClusterError
+        If no cluster is up, ``tc`` is missing or the kernel refuses the qdisc.
+    TypeError, ValueError
+        If ``rate`` is not a valid rate (:func:`parse_rate`).
+    """
+    bits = None if rate is None else parse_rate(rate)
+    c = current()
+    if c is None:
+        raise ClusterError("no simulated cluster is up")
+    _apply_rate(c.hosts, bits)
+    return Cluster(c.hosts, bits)
+
+
+#: measure_tcp's default duration of the stream, seconds (and the most it accepts)
+MEASURE_SECONDS = 2.0
+MEASURE_MAX_SECONDS = 60.0
+#: the receiving end: listen on the host's address, count the bytes from the first to the last
+_RECEIVER = """
+import socket, sys, time
+s = socket.create_server((sys.argv[1], 0))
+s.settimeout(float(sys.argv[2]))
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept()
+c.settimeout(float(sys.argv[2]))
+buf = bytearray(1 << 22)
+first = c.recv_into(buf)
+t0 = time.perf_counter()
+n = 0
+while first:
+    k = c.recv_into(buf)
+    if not k:
+        break
+    n += k
+t1 = time.perf_counter()
+c.close()
+print(n, t1 - t0, flush=True)
+"""
+#: the sending end: send zeros for a while (or a number of bytes), then close and wait for the receiver
+_SENDER = """
+import socket, sys, time
+addr, port, seconds, nbytes, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+c = socket.create_connection((addr, port), timeout=timeout)
+buf = memoryview(bytes(1 << 20))
+end = time.monotonic() + seconds
+sent = 0
+while sent < nbytes and time.monotonic() < end:
+    k = min(len(buf), nbytes - sent)
+    c.sendall(buf[:k])
+    sent += k
+c.shutdown(socket.SHUT_WR)
+c.recv(1)
+"""
+
+
+def measure_tcp(
+    src: Host | str | int,
+    dst: Host | str | int,
+    *,
+    seconds: float = MEASURE_SECONDS,
+    nbytes: int | None = None,
+    timeout: float | None = None,
+) -> float:
+    """Goodput in bytes/s of one TCP stream from host ``src`` to host ``dst`` of the cluster that is up.
+
+    A Python receiver on ``dst`` listens on its cluster address; a Python
+    sender on ``src`` sends for ``seconds`` (or ``nbytes``, whichever ends
+    first) and closes. The receiver counts the payload from its first read to
+    the end of the stream. Both run through :func:`exec_prefix` and are
+    killed and reaped on a timeout. On a shaped link expect about 95.6 % of
+    the rate: tbf counts every frame's Ethernet, IP and TCP headers (1514
+    bytes on the link carry 1448 of payload, with TCP timestamps).
+
+    Parameters
+    ----------
+    src, dst : Host, str or int
+        Two different hosts of the cluster that is up.
+    seconds : float
+        How long the sender sends, ``(0, MEASURE_MAX_SECONDS]``.
+    nbytes : int, optional
+        Stop after this many bytes instead, if sooner.
+    timeout : float, optional
+        Seconds before both ends are killed and the call fails (default ``seconds + 30``).
+
+    Returns
+    -------
+    float
+        Payload bytes per second received.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On bad hosts, ``seconds``, ``nbytes`` or ``timeout``.
+    ClusterError
+        If a host is not up, or the stream fails or times out.
+    """
+    s, d = resolve_host(src), resolve_host(dst)
+    if s == d:
+        raise ValueError(f"src and dst are the same host {s.name}")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise TypeError(f"seconds must be a number, got {type(seconds).__name__}")
+    if not 0 < seconds <= MEASURE_MAX_SECONDS:
+        raise ValueError(f"seconds = {seconds} is out of range (0, {MEASURE_MAX_SECONDS}]")
+    if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, int)):
+        raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__}")
+    if nbytes is not None and nbytes < 1 << 20:
+        raise ValueError(f"nbytes = {nbytes} is below 1 MiB: too short to measure a link")
+    if timeout is None:
+        timeout = seconds + 30.0
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > seconds:
+        raise ValueError(f"timeout must be a number above seconds = {seconds}, got {timeout!r}")
+    c = current()
+    if c is None or s not in c.hosts or d not in c.hosts:
+        raise ClusterError(f"hosts {s.name} and {d.name} are not both up")
+    deadline = time.monotonic() + timeout
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(h: Host, script: str, *args: str) -> subprocess.Popen[str]:
+        p = subprocess.Popen(
+            [*exec_prefix(h), sys.executable, "-I", "-c", script, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        procs.append(p)
+        return p
+
+    try:
+        rx = start(d, _RECEIVER, d.address, str(timeout))
+        assert rx.stdout is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(rx.stdout, selectors.EVENT_READ)
+            if not sel.select(max(0.0, deadline - time.monotonic())):
+                raise ClusterError(f"the receiver on {d.name} did not start within {timeout:.0f}s")
+        port = rx.stdout.readline().strip()
+        if not port.isdigit():
+            raise ClusterError(f"the receiver on {d.name} failed: {rx.communicate(timeout=10)[1].strip()}")
+        tx = start(s, _SENDER, d.address, port, str(seconds), str(nbytes or 1 << 62), str(timeout))
+        try:
+            out, err = rx.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            tx_err = tx.communicate(timeout=max(1.0, deadline - time.monotonic()))[1]
+        except subprocess.TimeoutExpired:
+            raise ClusterError(f"the TCP stream {s.name} -> {d.name} did not end within {timeout:.0f}s") from None
+        if rx.returncode != 0 or tx.returncode != 0:
+            raise ClusterError(
+                f"the TCP stream {s.name} -> {d.name} failed: receiver {rx.returncode} {err.strip()!r}, "
+                f"sender {tx.returncode} {tx_err.strip()!r}"
+            )
+        got, elapsed = out.split()
+        if int(got) == 0 or float(elapsed) <= 0:
+            raise ClusterError(f"the TCP stream {s.name} -> {d.name} carried too little to measure")
+        return int(got) / float(elapsed)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.communicate(timeout=10)
+
+
 # --------------------------------------------------------------------------- job settings
 
 
@@ -378,14 +727,19 @@ def _rewrite(path: Path, text: str) -> None:
 
 
 def current() -> Cluster | None:
-    """The simulated cluster that is up now (hosts dkh1..dkhN all present), else None."""
+    """The simulated cluster that is up now (hosts dkh1..dkhN all present), else None.
+
+    Its ``rate`` is read from the kernel: the rate of the tbf qdiscs when both
+    ends of every host's link have one of the same rate, else None.
+    """
     names = _namespaces()
     if not names:
         return None
     hosts = tuple(resolve_host(n) for n in names)
     if [h.index for h in hosts] != list(range(1, len(hosts) + 1)):
         return None
-    return Cluster(hosts)
+    rates = {r for h in hosts for r in link_rates(h)}
+    return Cluster(hosts, rates.pop() if len(rates) == 1 else None)
 
 
 def _healthy(c: Cluster) -> bool:
@@ -396,6 +750,8 @@ def _healthy(c: Cluster) -> bool:
     res = _ip("-o", "link", "show", "master", BRIDGE, check=False)
     if any(h.link not in res.stdout or "state DOWN" in _line_of(res.stdout, h.link) for h in c.hosts):
         return False
+    if any(r != c.rate for h in c.hosts for r in link_rates(h)):
+        return False  # half shaped (a killed shape()) or shaped otherwise
     want = _hosts_lines(c.hosts)
     if not all(line in ETC_HOSTS.read_text().splitlines() for line in want):
         return False
@@ -410,31 +766,55 @@ def _line_of(text: str, link: str) -> str:
     return next((line for line in text.splitlines() if f" {link}@" in line or f" {link}:" in line), "")
 
 
-def up(n: int) -> Cluster:
+def up(n: int, rate: str | None = None) -> Cluster:
     """Bring up hosts dkh1..dkhN (idempotent: an identical healthy cluster is kept as is).
 
     Anything else left over (a different size, a half-made cluster of a
-    killed run) is removed first.
+    killed run) is removed first. A healthy cluster of ``n`` idle hosts
+    shaped otherwise is only re-shaped.
+
+    Parameters
+    ----------
+    n : int
+        Number of hosts, ``[1, MAX_HOSTS]``.
+    rate : str, optional
+        Shape every host's link to this rate in both directions (tc's syntax,
+        :func:`parse_rate`: ``"100mbit"``, ``"10gbit"``): a tbf qdisc on both
+        ends of its veth. None (default): unshaped.
+
+    Returns
+    -------
+    Cluster
+        The hosts and the rate.
 
     Raises
     ------
     ClusterError
-        If the machine cannot host the cluster or a step fails (what was
-        made is removed again).
-    ValueError
-        If ``n`` is outside ``[1, MAX_HOSTS]``.
+        If the machine cannot host the cluster, ``tc`` is missing (with a
+        rate), or a step fails (what was made is removed again).
+    TypeError, ValueError
+        If ``n`` is outside ``[1, MAX_HOSTS]`` or ``rate`` is not a valid rate.
     """
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"n must be an int, got {type(n).__name__}")
     if not 1 <= n <= MAX_HOSTS:
         raise ValueError(f"n = {n} is out of range [1, {MAX_HOSTS}]")
+    bits = None if rate is None else parse_rate(rate)
     reason = unavailable_reason()
     if reason:
         raise ClusterError(f"simulated cluster unavailable: {reason}")
-    want = Cluster(tuple(host(i) for i in range(1, n + 1)))
+    if bits is not None and shutil.which("tc") is None:
+        raise ClusterError("shaping links needs `tc` (iproute2), which is not installed")
+    want = Cluster(tuple(host(i) for i in range(1, n + 1)), bits)
     have = current()
-    if have == want and _healthy(have) and not any(host_pids(h) for h in have.hosts):
-        return have
+    if have is not None and have.hosts == want.hosts and _healthy(have) and not any(host_pids(h) for h in have.hosts):
+        if have.rate != bits:
+            try:
+                _apply_rate(want.hosts, bits)
+            except BaseException:
+                down()
+                raise
+        return want
     down()
     _check_subnet_free()
     try:
@@ -458,6 +838,7 @@ def up(n: int) -> Cluster:
             # on a resolver the namespace cannot reach
             (etc / "resolv.conf").write_text("# distkit simulated host: names come from /etc/hosts only\n")
         _write_root_hosts(want.hosts)
+        _apply_rate(want.hosts, bits)
     except BaseException:
         down()
         raise
@@ -465,7 +846,7 @@ def up(n: int) -> Cluster:
 
 
 def down() -> list[str]:
-    """Remove every namespace, link, hosts file and hosts entry :func:`up` makes (idempotent).
+    """Remove every qdisc, namespace, link, hosts file and hosts entry :func:`up` makes (idempotent).
 
     Processes still running on the hosts are killed first. Returns what was removed.
     """
@@ -474,6 +855,9 @@ def down() -> list[str]:
     pids = [p for n in names for p in host_pids(n)]
     _kill(pids)
     _wait_gone(pids)
+    for dev, ns in _shaped_ends(names):  # they would go with their veths; removed first to say so
+        if _tc("qdisc", "del", "dev", dev, "root", netns=ns, check=False).returncode == 0:
+            removed.append(_qdisc_name(dev, ns))
     for n in names:
         if _ip("netns", "del", n, check=False).returncode == 0:
             removed.append(f"netns {n}")
@@ -496,9 +880,24 @@ def down() -> list[str]:
     return removed
 
 
+def _shaped_ends(names: Sequence[str]) -> list[tuple[str, str | None]]:
+    """Every veth end of the cluster (root ends of any dkv link, dk0 in the namespaces) with a tbf at its root."""
+    if shutil.which("tc") is None:
+        return []
+    ends: list[tuple[str, str | None]] = [(link, None) for link in _links() if link != BRIDGE]
+    ends += [(IFNAME, n) for n in names]
+    return [(dev, ns) for dev, ns in ends if _root_tbf(dev, ns) is not None]
+
+
+def _qdisc_name(dev: str, netns: str | None) -> str:
+    return f"qdisc tbf dev {dev}" + (f" in {netns}" if netns else "")
+
+
 def leftovers() -> list[str]:
     """What of a simulated cluster exists now (empty after :func:`down`)."""
-    found = [f"netns {n}" for n in _namespaces()] + [f"link {link}" for link in _links()]
+    names = _namespaces()
+    found = [_qdisc_name(dev, ns) for dev, ns in _shaped_ends(names)]
+    found += [f"netns {n}" for n in names] + [f"link {link}" for link in _links()]
     if NETNS_ETC.is_dir():
         found += [str(d) for d in NETNS_ETC.iterdir() if _HOST_RE.match(d.name)]
     if ETC_HOSTS.is_file() and HOSTS_BEGIN in ETC_HOSTS.read_text():
@@ -540,30 +939,75 @@ def _lock(wait: float) -> int:
         time.sleep(0.5)
 
 
+def _cli_lock() -> int:
+    """The lock for a command line (``up``, ``down``, ``measure``): refused while someone else holds it.
+
+    A caller that holds the lock (a test's :func:`session`) can run the command line
+    under it: it passes its open lock file as an inherited fd named by
+    ``$DISTKIT_CLUSTER_LOCK_FD`` (flock belongs to that open file, so locking it again succeeds).
+    """
+    raw = os.environ.get(LOCK_FD_ENV, "")
+    if raw.isdigit():
+        fd = int(raw)
+        try:
+            st, want = os.fstat(fd), os.stat(STATE_DIR / "lock")
+            if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return os.dup(fd)
+        except OSError:
+            pass
+    return _lock(0.0)
+
+
 @contextlib.contextmanager
-def session(n: int, *, wait: float = LOCK_WAIT_S) -> Iterator[Cluster]:
+def session(n: int, rate: str | None = None, *, wait: float = LOCK_WAIT_S) -> Iterator[Cluster]:
     """Hold the machine's simulated cluster of ``n`` hosts for the ``with`` block, then remove it.
 
     One session at a time per machine (a lock; another process waits up to
     ``wait`` seconds). A reaper process removes the cluster if this process
     dies without leaving the block (SIGKILL, ``os._exit``), and keeps the lock
     until it has. Nested sessions in one process share the outer cluster
-    (which must be large enough).
+    (which must be large enough); a nested session with another ``rate``
+    re-shapes it for its block and restores the outer session's shaping after.
+
+    Parameters
+    ----------
+    n : int
+        Number of hosts.
+    rate : str, optional
+        Shape every host's link to this rate in both directions (tc's syntax,
+        :func:`parse_rate`). None: unshaped, or in a nested session the
+        outer session's shaping.
+    wait : float
+        Seconds to wait for another process's session to end.
+
+    Yields
+    ------
+    Cluster
+        The hosts and the rate.
 
     Raises
     ------
     ClusterError
-        If the cluster cannot be brought up, or the lock is not free in time.
+        If the cluster cannot be brought up or shaped, or the lock is not free in time.
+    TypeError, ValueError
+        If ``rate`` is not a valid rate (or ``n`` not a valid size).
     """
+    bits = None if rate is None else parse_rate(rate)
     outer = active()
     if outer is not None:
         if len(outer) < n:
             raise ClusterError(f"a session of {len(outer)} hosts is active; {n} were asked for")
-        _active.append(outer)
+        inner = outer if rate is None or bits == outer.rate else Cluster(outer.hosts, bits)
+        if inner is not outer:
+            _apply_rate(outer.hosts, bits)
+        _active.append(inner)
         try:
-            yield outer
+            yield inner
         finally:
             _active.pop()
+            if inner is not outer:
+                _apply_rate(outer.hosts, outer.rate)
         return
     fd = _lock(wait)
     reaper: subprocess.Popen[bytes] | None = None
@@ -580,7 +1024,7 @@ def session(n: int, *, wait: float = LOCK_WAIT_S) -> Iterator[Cluster]:
             close_fds=True,
         )
         os.close(r)
-        c = up(n)
+        c = up(n, rate)
         _active.append(c)
         try:
             yield c
@@ -622,10 +1066,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_up = sub.add_parser("up", help="bring up hosts dkh1..dkhN (idempotent)")
     p_up.add_argument("n", type=int)
+    p_up.add_argument("--rate", help="shape every host's link to this rate, both directions (tc syntax: 1gbit)")
     sub.add_parser("down", help="remove everything `up` made (idempotent)")
     sub.add_parser("status", help="hosts, addresses, links and processes")
     sub.add_parser("check", help="say whether this machine can host the cluster")
     sub.add_parser("env", help="print the settings of a job across the hosts, as shell `export` lines")
+    p_measure = sub.add_parser("measure", help="goodput of one TCP stream from one host to another")
+    p_measure.add_argument("src")
+    p_measure.add_argument("dst")
+    p_measure.add_argument("--seconds", type=float, default=MEASURE_SECONDS)
     p_exec = sub.add_parser("exec", help="run a command on a host")
     p_exec.add_argument("host")
     p_exec.add_argument("command", nargs=argparse.REMAINDER)
@@ -646,16 +1095,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"export {key}={shlex.quote(value)}")
             return 0
         if a.cmd == "up":
-            fd = _lock(0.0)  # refuse while a test session holds the cluster
+            fd = _cli_lock()  # refuse while a test session holds the cluster
             try:
-                c = up(a.n)
+                c = up(a.n, a.rate)
             finally:
                 os.close(fd)
             for h in c.hosts:
                 print(f"{h.name}\t{h.address}\tlink {h.link}")
+            if c.rate is not None:
+                print(f"every link shaped to {format_rate(c.rate)} in both directions")
+            return 0
+        if a.cmd == "measure":
+            fd = _cli_lock()  # never disturb a test session's cluster
+            try:
+                bps = measure_tcp(a.src, a.dst, seconds=a.seconds)
+            finally:
+                os.close(fd)
+            print(f"{resolve_host(a.src).name} -> {resolve_host(a.dst).name}: {bps * 8 / 1e6:.1f} Mbit/s TCP goodput")
             return 0
         if a.cmd == "down":
-            fd = _lock(0.0)
+            fd = _cli_lock()
             try:
                 for item in down():
                     print(f"removed {item}")
@@ -671,7 +1130,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             links = _ip("-o", "link", "show", "master", BRIDGE, check=False).stdout
             for h in now.hosts:
                 state = "DOWN" if "state DOWN" in _line_of(links, h.link) else "up"
-                print(f"{h.name}\t{h.address}\tlink {h.link} {state}\tprocesses {len(host_pids(h))}")
+                rates = "/".join("unshaped" if r is None else format_rate(r) for r in link_rates(h))
+                shaped = "unshaped" if rates == "unshaped/unshaped" else f"in/out {rates}"
+                print(f"{h.name}\t{h.address}\tlink {h.link} {state}\tprocesses {len(host_pids(h))}\t{shaped}")
+            if now.rate is not None:
+                print(f"links: shaped to {format_rate(now.rate)} in both directions")
+            elif any(r is not None for h in now.hosts for r in link_rates(h)):
+                print("links: shaped unevenly (`up N --rate R` re-shapes them)")
+            else:
+                print("links: unshaped")
             return 0
         if a.cmd == "exec":
             if not a.command:

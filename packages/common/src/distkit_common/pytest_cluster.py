@@ -15,7 +15,9 @@ killed) - or is skipped with one message,
 jobs with :func:`distkit_common.testing.run_cluster`; the
 ``simulated_cluster`` fixture gives the :class:`~distkit_common.cluster.Cluster`.
 
-``$DISTKIT_CLUSTER_HOSTS`` sets the number of hosts (default 4).
+``$DISTKIT_CLUSTER_HOSTS`` sets the number of hosts (default 4),
+``$DISTKIT_CLUSTER_RATE`` shapes every host's link (tc's syntax, ``1gbit``;
+default unshaped).
 ``@pytest.mark.cluster(session=False)`` marks a test that manages clusters
 itself: it gets no session and runs before the session's tests.
 """
@@ -31,6 +33,7 @@ from . import cluster as _cluster
 from ._cluster_rank import STATUS_DIR_ENV
 
 HOSTS_ENV = "DISTKIT_CLUSTER_HOSTS"
+RATE_ENV = "DISTKIT_CLUSTER_RATE"
 DEFAULT_HOSTS = 4
 SKIP_PREFIX = "simulated cluster unavailable: "
 
@@ -71,6 +74,16 @@ def _hosts() -> int:
     return n
 
 
+def _rate() -> str | None:
+    raw = os.environ.get(RATE_ENV) or None
+    if raw is not None:
+        try:
+            _cluster.parse_rate(raw)
+        except ValueError as exc:
+            raise pytest.UsageError(f"{RATE_ENV}: {exc}") from None
+    return raw
+
+
 @pytest.fixture(scope="session")
 def simulated_cluster() -> Iterator[_cluster.Cluster]:
     """The simulated cluster, up for the whole test session (skips where the machine cannot host it)."""
@@ -85,7 +98,7 @@ def simulated_cluster() -> Iterator[_cluster.Cluster]:
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
-    with _cluster.session(_hosts()) as c:
+    with _cluster.session(_hosts(), _rate()) as c:
         yield c
 
 

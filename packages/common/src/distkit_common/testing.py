@@ -31,6 +31,7 @@ from typing import Any
 
 from . import _cluster_job as job
 from . import cluster as _cluster
+from . import mpi_p2p
 from ._cluster_job import FAULT_DEADLINE_S, Fault, RankExit
 
 DEFAULT_TIMEOUT = 180.0
@@ -494,6 +495,7 @@ def run_cluster(
     check: bool = True,
     cwd: str | None = None,
     fault: Fault | None = None,
+    rate: str | None = None,
 ) -> ClusterResult:
     """Run a script (or a pytest file) on ranks spread over hosts of the simulated cluster.
 
@@ -513,7 +515,9 @@ def run_cluster(
 
     If this process holds no :func:`distkit_common.cluster.session` (the
     ``distkit_common.pytest_cluster`` plugin holds one per test session),
-    the cluster is brought up for this call and removed after it.
+    the cluster is brought up for this call and removed after it. With a
+    ``rate`` every host's link is shaped to it for the call (in a held
+    session: re-shaped, and the session's shaping restored after).
 
     Parameters
     ----------
@@ -540,6 +544,10 @@ def run_cluster(
     fault : Fault, optional
         A fault to inject while the job runs (kill a host or its ranks, or
         take its link down, when a marker line appears or after a delay).
+    rate : str, optional
+        Shape every host's link to this rate in both directions (tc's syntax,
+        ``"1gbit"``; :func:`distkit_common.cluster.parse_rate`). None: the
+        links as they are (unshaped outside a session).
 
     Returns
     -------
@@ -553,7 +561,7 @@ def run_cluster(
     RuntimeError
         If the simulated cluster cannot be brought up (``ClusterError``).
     TypeError, ValueError
-        On bad hosts, ranks, launcher or fault.
+        On bad hosts, ranks, launcher, fault or rate.
     """
     where = job.placement(hosts, ranks_per_host)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
@@ -564,11 +572,13 @@ def run_cluster(
         raise TypeError(f"fault must be a Fault, got {type(fault).__name__}")
     if fault is not None and _cluster.resolve_host(fault.host).name not in {h.name for h in where.hosts}:
         raise ValueError(f"fault host {fault.host!r} is not one of the job's hosts {[h.name for h in where.hosts]}")
+    if rate is not None:
+        _cluster.parse_rate(rate)
     target = str(script_or_pytest_file)
     if not os.path.isfile(target):
         raise FileNotFoundError(f"no such script: {target}")
     need = max(h.index for h in where.hosts)
-    with _cluster.session(need):
+    with _cluster.session(need, rate):
         cmds, extra = job.commands(launcher, where, os.path.abspath(target), args, mpiexec_command(where.total))
         full_env = mpi_env()
         full_env.update(_cluster.job_env())
@@ -617,3 +627,59 @@ def run_cluster(
         if returncode == 0:
             raise AssertionError(report("the job succeeded although a fault was injected"))
     return res
+
+
+def measure_mpi_sendrecv(
+    hosts: Sequence[str | int] = ("dkh1", "dkh2"),
+    nbytes: int = 64 * 2**20,
+    iters: int = 5,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    rate: str | None = None,
+) -> dict[str, Any]:
+    """The MPI point-to-point bound between two hosts: ``MPI_Sendrecv`` of ``nbytes`` each way, timed.
+
+    Runs :mod:`distkit_common.mpi_p2p` on one rank per host through
+    :func:`run_cluster` (mpiexec), after one untimed exchange.
+
+    Parameters
+    ----------
+    hosts : sequence of 2 str/int
+        The two hosts (names or 1-based indices).
+    nbytes : int
+        Bytes each rank sends to the other per exchange, ``[1, 2**31 - 1]``.
+    iters : int
+        Timed exchanges, ``[1, 1000]``.
+    timeout : float
+        Seconds before the job is killed and the call fails.
+    rate : str, optional
+        Shape the links to this rate for the job (see :func:`run_cluster`).
+
+    Returns
+    -------
+    dict
+        ``bytes``, ``iters``, ``hosts`` (the ranks' hostnames), ``seconds`` (each
+        exchange, the slower rank's), ``best_s``, ``median_s`` and ``bytes_per_s``
+        (``bytes / median_s``, in each direction).
+
+    Raises
+    ------
+    TypeError, ValueError
+        On bad hosts, ``nbytes``, ``iters`` or ``rate``.
+    AssertionError
+        If the job fails or times out (see :func:`run_cluster`).
+    """
+    if isinstance(hosts, (str, bytes)) or len(hosts) != 2:
+        raise ValueError(f"hosts must be 2 hosts, got {hosts!r}")
+    names = [_cluster.resolve_host(h).name for h in hosts]
+    if names[0] == names[1]:
+        raise ValueError(f"hosts must be 2 different hosts, got {names}")
+    for name, value, top in (("nbytes", nbytes, mpi_p2p.MAX_BYTES), ("iters", iters, mpi_p2p.MAX_ITERS)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if not 1 <= value <= top:
+            raise ValueError(f"{name} = {value} is out of range [1, {top}]")
+    res = run_cluster(
+        names, 1, mpi_p2p.__file__, timeout, args=["--bytes", str(nbytes), "--iters", str(iters)], rate=rate
+    )
+    return mpi_p2p.parse_result(res.stdout)
