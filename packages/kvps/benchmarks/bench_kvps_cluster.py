@@ -9,7 +9,7 @@ environment (e.g. the kvps nox venv)::
 For every link rate it brings up distkit's simulated cluster
 (``ci/cluster/README.md``: network namespaces dkh1..dkhN on one machine, TCP
 between them) with every host's link shaped to that rate, measures the link
-itself (a TCP stream and ``MPI_Sendrecv`` of 4 MiB between two hosts: the
+itself (one TCP stream and ``MPI_Sendrecv`` of 4 MiB between two hosts: the
 bound), then runs this script's rank side on 2 and on 4 hosts, one rank per
 host (``distkit_common.testing.run_cluster``), removes the cluster and prints
 the job's BENCH lines. Workloads (``workloads.py``):
@@ -38,18 +38,16 @@ cluster it says so and measures nothing).
 from __future__ import annotations
 
 import argparse
-import inspect
+import json
 import socket
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: link rates: tc's rate for every host's link, or None (the veths as they are)
+#: link rates: tc's rate for every host's link (``distkit_common.cluster.session(n, rate)``), or None (unshaped)
 RATES: dict[str, str | None] = {"100mbit": "100mbit", "1gbit": "1gbit", "10gbit": "10gbit", "unshaped": None}
 WORKLOADS = ("mf", "kge", "w2v", "zipf")
 HOSTS = (2, 4)
@@ -80,47 +78,6 @@ MIN_JOB_S = 120.0
 
 
 # --------------------------------------------------------------------------- driver (root namespace)
-
-
-def _tbf(rate: str) -> list[str]:
-    """A token bucket of ``rate`` (tc syntax) whose burst holds at least 4 ms of it (tbf needs rate / HZ)."""
-    bits = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-    unit = next(u for u in bits if rate.endswith(u))
-    per_s = float(rate[: -len(unit)]) * bits[unit] / 8
-    burst = max(64 * 1024, int(per_s * 0.004))
-    return ["tbf", "rate", rate, "burst", str(burst), "latency", "5ms"]
-
-
-def _shape(n: int, rate: str) -> None:
-    """Shape both directions of every host's link to ``rate``: egress of ``dk0`` in the host (what it
-    sends) and of ``dkv<i>`` in the root namespace (what it receives)."""
-    from distkit_common import cluster
-
-    for i in range(1, n + 1):
-        h = cluster.host(i)
-        subprocess.run(["tc", "qdisc", "replace", "dev", h.link, "root", *_tbf(rate)], check=True)
-        subprocess.run(
-            ["ip", "netns", "exec", h.name, "tc", "qdisc", "replace", "dev", cluster.IFNAME, "root", *_tbf(rate)],
-            check=True,
-        )
-
-
-@contextmanager
-def shaped_session(n: int, rate: str | None) -> Iterator[None]:
-    """The simulated cluster of ``n`` hosts with every link at ``rate``, removed afterwards.
-
-    ``distkit_common.cluster.session(n, rate=...)`` where it takes a rate;
-    else the session as it is, shaped here with ``tc`` (the links go with the
-    namespaces when the session ends).
-    """
-    from distkit_common import cluster
-
-    session: Callable[..., AbstractContextManager[Any]] = cluster.session
-    native = "rate" in inspect.signature(session).parameters
-    with session(n, rate=rate) if native and rate is not None else session(n):
-        if rate is not None and not native:
-            _shape(n, rate)
-        yield
 
 
 def parse_list(text: str, allowed: Sequence[str], what: str) -> list[str]:
@@ -176,14 +133,15 @@ def driver(argv: Sequence[str]) -> int:
         plan = PLANS[rate]
         steps, rounds = a.steps or plan.steps, a.rounds or plan.rounds
         t0 = time.monotonic()
-        with shaped_session(max(hosts), RATES[rate]):
-            for j, n in enumerate(hosts):
+        with cluster.session(max(hosts), RATES[rate]):
+            link_bound(rate)
+            for n in hosts:
                 left = a.budget - (time.monotonic() - start)
                 if left < MIN_JOB_S:
                     failures.append(f"{rate}, {n} hosts: not run, {a.budget:g} s budget spent (--budget)")
                     continue
                 args = ["--rank", "--rate", rate, "--workloads", ",".join(a.workloads)]
-                args += ["--steps", str(steps), "--rounds", str(rounds)] + (["--link"] if j == 0 else [])
+                args += ["--steps", str(steps), "--rounds", str(rounds)]
                 try:
                     res = run_cluster(n, 1, Path(__file__).resolve(), left, args=args, check=False)
                 except AssertionError as e:  # a timeout: every process of the job was killed
@@ -199,78 +157,37 @@ def driver(argv: Sequence[str]) -> int:
     return 1 if failures else 0
 
 
-# --------------------------------------------------------------------------- ranks (one per host)
+def bench_line(name: str, value: float, **detail: float) -> str:
+    """A BENCH line of the driver (the ranks print theirs with ``workloads.emit``)."""
+    rec = {"package": "kvps", "name": name, "ratio": value, "goal": "info (the bound)", "met": None, "unit": "Mbit/s"}
+    return "BENCH " + json.dumps(rec | ({"detail": detail} if detail else {}))
 
 
 def link_bound(rate: str) -> None:
-    """The link between rank 0's and rank 1's hosts: a TCP stream for ~1.5 s, and ``MPI_Sendrecv`` of
-    4 MiB (both directions at once); BENCH lines in Mbit/s (one direction)."""
-    import numpy as np
-    from workloads import comm, emit, rank
+    """The link between dkh1 and dkh2 at ``rate``: one TCP stream for 2 s (``cluster.measure_tcp``) and
+    ``MPI_Sendrecv`` of 4 MiB each way (``testing.measure_mpi_sendrecv``), printed as BENCH lines in Mbit/s."""
+    from distkit_common import cluster
+    from distkit_common.testing import measure_mpi_sendrecv
 
-    port = 0
-    srv = None
-    if rank == 1:
-        srv = socket.create_server(("", 0))
-        port = srv.getsockname()[1]
-    port = comm.bcast(port, root=1)
-    peer = comm.bcast(socket.gethostname(), root=1)
-    mbit = 0.0
-    if rank == 0:
-        with socket.create_connection((peer, port)) as s:
-            chunk = b"\0" * (1 << 20)
-            end = time.perf_counter() + 1.5
-            while time.perf_counter() < end:
-                s.sendall(chunk)
-    elif srv is not None:
-        conn, _ = srv.accept()
-        got = 0
-        t0 = 0.0
-        while True:
-            b = conn.recv(1 << 20)
-            if not b:
-                break
-            if not got:
-                t0 = time.perf_counter()
-            got += len(b)
-        dt = time.perf_counter() - t0
-        conn.close()
-        srv.close()
-        mbit = 8 * got / dt / 1e6
-    mbit = comm.bcast(mbit, root=1)
-    emit(f"link at {rate}: TCP stream between two hosts (Mbit/s, the bound)", mbit, "info", None, unit="Mbit/s")
+    tcp = cluster.measure_tcp(1, 2)
+    print(bench_line(f"link at {rate}: one TCP stream dkh1 -> dkh2, payload", 8 * tcp / 1e6), flush=True)
+    try:
+        mpi = measure_mpi_sendrecv((1, 2), 4 << 20, 5)
+    except AssertionError as e:  # the bound is information: a failed job costs the line, not the rows
+        print(f"MPI_Sendrecv measurement failed: {str(e).splitlines()[0]}", file=sys.stderr)
+        return
+    print(
+        bench_line(
+            f"link at {rate}: MPI_Sendrecv of 4 MiB between dkh1 and dkh2, each way",
+            8 * mpi["bytes_per_s"] / 1e6,
+            median_s=mpi["median_s"],
+            best_s=mpi["best_s"],
+        ),
+        flush=True,
+    )
 
-    buf = np.zeros(4 << 20, dtype=np.uint8)
-    out = np.empty_like(buf)
 
-    def sendrecv() -> None:
-        if rank in (0, 1):
-            comm.Sendrecv(buf, dest=1 - rank, recvbuf=out, source=1 - rank)
-
-    def send() -> None:
-        if rank == 0:
-            comm.Send(buf, dest=1)
-        elif rank == 1:
-            comm.Recv(out, source=0)
-
-    for fn, what in ((sendrecv, "MPI_Sendrecv of 4 MiB, both directions at once"), (send, "MPI_Send of 4 MiB")):
-        ts = []
-        for i in range(6):
-            comm.Barrier()
-            t0 = time.perf_counter()
-            fn()
-            comm.Barrier()
-            if i:  # the first one connects
-                ts.append(time.perf_counter() - t0)
-        t = comm.bcast(float(np.median(ts)) if rank == 0 else 0.0, root=0)
-        emit(
-            f"link at {rate}: {what} between two hosts (Mbit/s each way)",
-            8 * buf.size / t / 1e6,
-            "info",
-            None,
-            unit="Mbit/s",
-            seconds=t,
-        )
+# --------------------------------------------------------------------------- ranks (one per host)
 
 
 def workload(name: str, steps: int) -> tuple[str, int, Callable[[int], Sequence[Any]]]:
@@ -382,17 +299,14 @@ def row(name: str, rate: str, steps: int, rounds: int) -> None:
 
 
 def ranks(argv: Sequence[str]) -> int:
-    """The rank side: the link bound (``--link``), then every chosen workload's row."""
+    """The rank side: every chosen workload's row."""
     p = argparse.ArgumentParser()
     p.add_argument("--rank", action="store_true")
-    p.add_argument("--link", action="store_true")
     p.add_argument("--rate", required=True)
     p.add_argument("--workloads", required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--rounds", type=int, required=True)
     a = p.parse_args(argv)
-    if a.link:
-        link_bound(a.rate)
     for name in parse_list(a.workloads, WORKLOADS, "--workloads"):
         row(name, a.rate, a.steps, a.rounds)
     return 0
