@@ -62,9 +62,9 @@ class Plan:
     rounds: int
 
 
-#: At 100 Mbit/s the classic server ran 3-14 steps/s (2026-12-01, load average ~20: its MF rows cross the link,
-#: ~750 kB per host and step on 2 hosts, and 4 hosts send more), so fewer steps and rounds there; at the other
-#: rates the 2 shared cores bound it (~20-40 steps/s under that load). All four rates took ~N min.
+#: At 100 Mbit/s the classic server runs 8-19 steps/s (its MF rows cross the link: ~750 kB per host and step on
+#: 2 hosts, ~820 kB on 4), so fewer steps and rounds there; at the other rates the 2 shared cores bound it
+#: (17-66 steps/s). All four rates took 300 + 317 + 309 + 254 s (2026-12-01, load average ~26 from other jobs).
 PLANS: dict[str, Plan] = {
     "100mbit": Plan(45, 2),
     "1gbit": Plan(75, 3),
@@ -98,9 +98,23 @@ def parse_list(text: str, allowed: Sequence[str], what: str) -> list[str]:
 def driver(argv: Sequence[str]) -> int:
     """Run the chosen rows; print every job's BENCH lines. Returns the exit code."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rates", type=lambda s: parse_list(s, list(RATES), "--rates"), default=list(RATES))
-    p.add_argument("--hosts", type=lambda s: [int(h) for h in parse_list(s, [str(h) for h in HOSTS], "--hosts")])
-    p.add_argument("--workloads", type=lambda s: parse_list(s, WORKLOADS, "--workloads"), default=list(WORKLOADS))
+    p.add_argument(
+        "--rates",
+        type=lambda s: parse_list(s, list(RATES), "--rates"),
+        default=list(RATES),
+        help=f"comma-separated, of {','.join(RATES)} (default: all)",
+    )
+    p.add_argument(
+        "--hosts",
+        type=lambda s: [int(h) for h in parse_list(s, [str(h) for h in HOSTS], "--hosts")],
+        help=f"comma-separated, of {','.join(map(str, HOSTS))} (default: all), one rank per host",
+    )
+    p.add_argument(
+        "--workloads",
+        type=lambda s: parse_list(s, WORKLOADS, "--workloads"),
+        default=list(WORKLOADS),
+        help=f"comma-separated, of {','.join(WORKLOADS)} (default: all)",
+    )
     p.add_argument("--steps", type=int, help="steps per variant (default: per rate, see PLANS)")
     p.add_argument("--rounds", type=int, help="rounds per row (default: per rate, see PLANS)")
     p.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds for all rows (default {BUDGET_S:g})")
@@ -114,6 +128,8 @@ def driver(argv: Sequence[str]) -> int:
     for name, v in (("--steps", a.steps), ("--rounds", a.rounds)):
         if v is not None and v < (3 if name == "--steps" else 1):
             p.error(f"{name} is too small: {v}")
+    if not a.budget > 0:
+        p.error(f"--budget must be positive, got {a.budget}")
 
     from distkit_common import cluster
     from distkit_common.testing import run_cluster
