@@ -23,8 +23,6 @@ Measurements (rank 0 prints one BENCH line each):
 
 from __future__ import annotations
 
-import functools
-import json
 import os
 import socket
 import sys
@@ -33,21 +31,21 @@ import time
 import numpy as np
 import torch
 from mpi4py import MPI
+from workloads import (
+    DIM,
+    comm,
+    emit,
+    oracle_placement,
+    rank,
+    run_steps,
+    size,
+    uses_per_stay,
+    zipf_batches,
+    zipf_warm,
+)
 
 import kvps
 from kvps.torch import PSEmbedding
-
-comm = MPI.COMM_WORLD
-rank, size = comm.Get_rank(), comm.Get_size()
-DIM = 64
-
-
-def emit(name: str, ratio: float, goal: str, met: bool | None, unit: str = "x", **detail: float) -> None:
-    if rank == 0:
-        rec = {"package": "kvps", "name": name, "ratio": ratio, "goal": goal, "met": met, "unit": unit}
-        if detail:
-            rec["detail"] = detail
-        print("BENCH " + json.dumps(rec), flush=True)
 
 
 def best(fn, repeat: int = 5) -> float:
@@ -107,70 +105,8 @@ def local_and_remote() -> None:
     server.shutdown()
 
 
-@functools.lru_cache(maxsize=2)
-def zipf_batches(r: int, nk: int, count: int, batch: int, per_rank: bool) -> list[np.ndarray]:
-    """Rank ``r``'s de-duplicated Zipf(1.1) batches (every rank can draw every rank's; cached:
-    every round of a row uses the same batches). Callers must not modify them."""
-    rng = np.random.default_rng(100 + r)
-    # shared: the same popularity order on every rank; per_rank: each rank has its own hot keys
-    perm = np.random.default_rng(7 + (r if per_rank else 0)).permutation(nk)
-    return [np.unique(perm[(rng.zipf(1.1, size=batch) - 1) % nk]).astype(np.int64) for _ in range(count)]
-
-
-def uses_per_stay(nk: int, count: int, batch: int, per_rank: bool, ahead: int) -> float:
-    """Accesses per stay of a key on a rank: a stay ends when the key is not used for `ahead` clocks.
-
-    A server that moves every key in before its use and out when its intent ends
-    pays one move per stay; this is how many accesses each move saves.
-    """
-    accesses = stays = 0
-    for r in range(size):
-        last = np.full(nk, -(ahead + 1), dtype=np.int64)
-        for t, b in enumerate(zipf_batches(r, nk, count, batch, per_rank)):
-            stays += int(np.count_nonzero(t - last[b] > ahead))
-            accesses += b.size
-            last[b] = t
-    return accesses / max(1, stays)
-
-
-def oracle_placement(nk: int, count: int, batch: int, per_rank: bool, hosts: list[str]) -> tuple[np.ndarray, int]:
-    """New key ids that home every key where the whole run's accesses to it are cheapest.
-
-    kvps homes key k on rank k % size, so relabelling the keys moves them: each
-    key goes to the host whose ranks use it most, there to the rank that uses
-    it most (ties: the lower rank). It is the placement a relocating server
-    would reach with perfect foresight and free moves, kept for the whole run;
-    the classic server's time with it bounds what relocation can gain on this
-    workload. Returns the new id of every key and the new key count.
-    """
-    uses = np.zeros((size, nk), dtype=np.int64)
-    for r in range(size):
-        for b in zipf_batches(r, nk, count, batch, per_rank):
-            uses[r, b] += 1
-    names = sorted(set(hosts))
-    host_of = np.array([names.index(h) for h in hosts])
-    by_host = np.stack([uses[host_of == i].sum(0) for i in range(len(names))])
-    best_host = by_host.argmax(0)
-    # the ranks of other hosts may not win a key: mask them out
-    masked = np.where(host_of[:, None] == best_host[None, :], uses, -1)
-    home = masked.argmax(0)
-    new = np.empty(nk, dtype=np.int64)
-    per_home = np.bincount(home, minlength=size)
-    for h in range(size):
-        ks = np.flatnonzero(home == h)
-        new[ks] = h + size * np.arange(ks.size)
-    return new, int(size * per_home.max())
-
-
 #: rounds of the one-host Zipf rows (each: classic, intent, intent + shared memory, ~1 s apiece)
 ZIPF_ROUNDS = 9
-
-
-def zipf_warm(steps: int) -> int:
-    """Steps before the timed part of a Zipf run: the steady state of a long run is measured,
-    after the first touches of the arenas and after intent's ledger has judged whether intent
-    pays (it needs about 100 clocks at a lookahead of 16: README, How it works)."""
-    return steps // 3
 
 
 def zipf_run(
@@ -183,48 +119,9 @@ def zipf_run(
     shm: bool = False,
     relabel: tuple[np.ndarray, int] | None = None,
 ) -> tuple[float, dict[str, float]]:
-    kvps.setup(nk if relabel is None else relabel[1], 1, technique)
-    # both variants commit their arenas up front: the measured steps are the
-    # steady state of a long run, not first-touch page faults
-    server = kvps.Server(DIM, intent_lookahead=ahead, prefault=True, shared_memory=shm)
-    w = kvps.Worker(0, server)
-    batches = [
-        torch.from_numpy(b if relabel is None else relabel[0][b])
-        for b in zipf_batches(rank, nk, steps + ahead, batch, per_rank)
-    ]
-    use_intent = technique != "none"
-    if use_intent:
-        for i in range(ahead):
-            w.intent(batches[i], i)
-    server.barrier()
-    t0 = 0.0
-    warm = zipf_warm(steps)
-    for i in range(steps):
-        if i == warm:
-            # kvps's barrier sleeps while it waits; mpi4py's Barrier spins in Open MPI's
-            # progress loop (epoll and sched_yield: most of the waiting ranks' CPU in a perf
-            # profile), which took the CPU from the ranks still working
-            server.barrier()
-            t0 = time.perf_counter()
-            c0 = time.process_time()
-        if use_intent:
-            w.intent(batches[i + ahead], w.current_clock() + ahead)
-        k = batches[i]
-        v = torch.empty(k.numel() * DIM)
-        w.pull(k, v)
-        g = v.mul_(-1e-3).add_(1e-4)
-        w.push(k, g, True)
-        w.advance_clock()
-    w.waitall()
-    server.barrier()
-    dt = time.perf_counter() - t0
-    # CPU time of every thread of every rank per step: what the variants cost the machine,
-    # steadier than wall time where the ranks share the cores
-    cpu = comm.allreduce(time.process_time() - c0)
-    st = server.stats()
-    st["cpu_ms_per_step"] = 1000 * cpu / (steps - warm)
-    server.shutdown()
-    return comm.allreduce(dt, op=MPI.MAX), st
+    """The Zipf loop of rank ``rank`` (:func:`workloads.run_steps` over :func:`workloads.zipf_batches`)."""
+    batches = zipf_batches(rank, nk, steps + ahead, batch, per_rank)
+    return run_steps(technique, nk, batches, steps, ahead, shm, relabel)
 
 
 def matrix_factorisation() -> None:
@@ -287,7 +184,11 @@ def zipf_across_hosts(rounds: int) -> None:
     steps, batch, ahead = 600, 4096, 16
     measured = steps - zipf_warm(steps)
     for per_rank, what in ((False, "hot keys shared by all ranks"), (True, "each rank its own hot keys")):
-        oracle = oracle_placement(nk, steps, batch, per_rank, hosts)
+
+        def batches_of(r: int, per_rank: bool = per_rank) -> list[np.ndarray]:
+            return zipf_batches(r, nk, steps, batch, per_rank)
+
+        oracle = oracle_placement(batches_of, nk, hosts)
         # alternate the variants and keep the medians (a noisy shared machine)
         t_none, t_all, t_orc, c_none, c_all = [], [], [], [], []
         st: dict[str, float] = {}
@@ -337,7 +238,7 @@ def zipf_across_hosts(rounds: int) -> None:
             "info (bounds the >= 2 row)",
             None,
             steps_per_s_oracle=measured / to,
-            uses_per_stay=uses_per_stay(nk, steps, batch, per_rank, ahead) if rank == 0 else 0.0,
+            uses_per_stay=uses_per_stay(batches_of, nk, ahead) if rank == 0 else 0.0,
             share_of_accesses_by_message_hash=msgs["hash"],
             share_of_accesses_by_message_oracle=msgs["oracle"],
         )
