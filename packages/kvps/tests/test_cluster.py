@@ -43,6 +43,14 @@ def test_suite_across_hosts_then_load_on_three_ranks(tmp_path: Path) -> None:
     assert res.hosts == {"dkh3": [0, 1], "dkh4": [2]}
 
 
+def test_relocation_sticks_across_three_hosts() -> None:
+    """3 hosts x 1 rank at 1 Gbit/s: a key one host's rank intends stays there after its window, keys two
+    intend at once are held by both, a later intender takes the key on; exact sums under concurrent pushes."""
+    res = run_cluster(3, 1, SCRIPTS / "sticky.py", 180, rate="1gbit")
+    assert res.hosts == {"dkh1": [0], "dkh2": [1], "dkh3": [2]}
+    assert "sticky ok" in res.stdout, res.stdout
+
+
 def _fault_during_save(tmp_path: Path, kind: str) -> ClusterResult:
     ck = tmp_path / "ckpt"
     fault = Fault(kind, "dkh2", after_line="WROTE SHARD 3")
