@@ -79,9 +79,9 @@ def broken_links(root: Path) -> list[str]:
             if not target.is_file():
                 problems.append(f"{rel}: {link} (no file {target})")
                 continue
-            if parts.fragment and target.suffix == ".html":
-                if unquote(parts.fragment) not in _parse(target, cache).ids:
-                    problems.append(f"{rel}: {link} (no anchor #{parts.fragment} in {target.relative_to(root)})")
+            fragment = unquote(parts.fragment)
+            if fragment and target.suffix == ".html" and fragment not in _parse(target, cache).ids:
+                problems.append(f"{rel}: {link} (no anchor #{parts.fragment} in {target.relative_to(root)})")
     return problems
 
 

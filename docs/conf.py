@@ -33,6 +33,9 @@ myst_enable_extensions = ["colon_fence", "deflist"]
 # autodoc: the public names of each package, as its __all__ lists them, in source order
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
+# a method that overrides torch.Tensor's (FakeTensor.copy_) would show torch's docstring, whose
+# references point into torch's own documentation
+autodoc_inherit_docstrings = False
 autodoc_default_options = {"members": True}
 autosummary_generate = False
 

@@ -23,7 +23,9 @@ def _site(root: Path) -> None:
         '<a href="https://example.org/x.html">external</a><a href="#top">self</a><h1 id="top">t</h1>'
         '<img src="_images/plot.png">'
     )
-    (root / "guide" / "page.html").write_text('<h2 id="semantics">s</h2><a href="../index.html#top">up</a><a name="old">')
+    (root / "guide" / "page.html").write_text(
+        '<h2 id="semantics">s</h2><a href="../index.html#top">up</a><a name="old">'
+    )
 
 
 def test_reports_each_broken_link_and_nothing_else(tmp_path: Path) -> None:
@@ -38,7 +40,8 @@ def test_reports_each_broken_link_and_nothing_else(tmp_path: Path) -> None:
 
 def test_a_clean_site_passes(tmp_path: Path) -> None:
     _site(tmp_path)
-    (tmp_path / "index.html").write_text('<h1 id="top">t</h1><a href="guide/page.html#semantics">ok</a><a href="guide/page.html#old">named</a>'
+    (tmp_path / "index.html").write_text(
+        '<h1 id="top">t</h1><a href="guide/page.html#semantics">ok</a><a href="guide/page.html#old">named</a>'
     )
     assert check_links.broken_links(tmp_path) == []
     assert check_links.main([str(tmp_path)]) == 0
