@@ -37,11 +37,11 @@ fut.result()
 
 # DCP's planner and Stateful objects, distkit's bytes (JSON metadata, crc32c, atomic commit)
 dcp.save({"model": m.state_dict()}, storage_writer=checkpoint.FileSystemWriter(tmp / "ck3"))
-dcp.load(sd, storage_reader=checkpoint.FileSystemReader(tmp / "ck3"))
+dcp.load({"model": sd["model"]}, storage_reader=checkpoint.FileSystemReader(tmp / "ck3"))
 
 # a Hugging Face folder, and back into any sharding (here: rows 0..31 of a weight)
 checkpoint.export_safetensors(tmp / "ck3", tmp / "hf", max_shard_size="5GB", prefix="model.")
 part = {"linear1.weight": checkpoint.LocalShard(torch.zeros(32, 64), (2048, 64), (0, 0))}
-checkpoint.load_safetensors(part, tmp / "hf", prefix="model.")
+checkpoint.load_safetensors(part, tmp / "hf")  # export dropped the "model." prefix
 assert torch.equal(part["linear1.weight"].tensor, m.linear1.weight[:32])
 print("checkpoints in", tmp)
