@@ -6,6 +6,7 @@
     nox -s "tests(package='cluster')"     # every `cluster` test, across simulated hosts (root; ci/cluster/)
     nox -s matrix                         # the same wheels on torch 2.13.0 and 2.14.1
     nox -s demo                           # the composed training job on 4 MPI ranks
+    nox -s docs                           # the documentation site into build/docs/html
     nox -s gpu                            # build with nvcc for this machine's GPU, run the `gpu` tests
     nox -s bench                          # every benchmark + results/REPORT.md
     nox -s bump -- 0.2.0                  # one new version everywhere
@@ -26,6 +27,7 @@ import shutil
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import nox
@@ -139,6 +141,25 @@ def install_wheels(session: nox.Session, packages: list[str], wheelhouse: Path =
     session.install("--find-links", str(wheelhouse), *names)
 
 
+@contextlib.contextmanager
+def mpi_backing(env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """`env` with Open MPI's shared-memory backing files in a private folder, removed afterwards.
+
+    Importing kvps or mpiad initialises MPI in the importing process (pytest's, sphinx's), whose
+    shared-memory segment Open MPI 5.0 leaves in /dev/shm.
+    """
+    keys = ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_osc_sm_backing_directory")
+    if any(k in env for k in keys):
+        yield env
+        return
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    backing = tempfile.mkdtemp(prefix="distkit-nox-mpi-", dir=shm)
+    try:
+        yield env | dict.fromkeys(keys, backing)
+    finally:
+        shutil.rmtree(backing, ignore_errors=True)
+
+
 def run_pytest(
     session: nox.Session,
     packages: list[str],
@@ -149,21 +170,10 @@ def run_pytest(
     extra_env: dict[str, str] | None = None,
 ) -> None:
     """pytest over the packages' tests; tests marked `cluster` run only in the `cluster` session."""
-    env = openmpi_env() | (extra_env or {})
     paths = [*(paths or []), *(str(ROOT / "packages" / p / "tests") for p in packages)]
-    # importing kvps or mpiad initialises MPI in pytest's own process (a singleton), whose
-    # shared-memory segment Open MPI 5.0 leaves in /dev/shm: keep it in a folder removed afterwards
-    keys = ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_osc_sm_backing_directory")
-    backing = None
-    if not any(k in env for k in keys):
-        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-        backing = tempfile.mkdtemp(prefix="distkit-nox-mpi-", dir=shm)
-        env |= dict.fromkeys(keys, backing)
     # run from an empty folder so nothing imports from the source tree by accident
     tmp = Path(session.create_tmp())
-    with session.chdir(tmp), contextlib.ExitStack() as cleanup:
-        if backing:
-            cleanup.callback(shutil.rmtree, backing, ignore_errors=True)
+    with session.chdir(tmp), mpi_backing(openmpi_env() | (extra_env or {})) as env:
         session.run(
             "python",
             "-m",
@@ -201,15 +211,49 @@ TEST_REQUIREMENTS: dict[str, list[str]] = {
 }
 
 
+#: the documentation toolchain (docs/conf.py), pinned so that a new release cannot break `-W`
+DOCS_DEPS = ["sphinx==9.0.4", "numpydoc==1.11.0", "myst-parser==5.2.0", "furo==2025.12.19"]
+DOCS = ROOT / "docs"
+
+
+def build_docs(session: nox.Session, out: Path) -> None:
+    """Install every package, build the HTML site into `out` (warnings are errors), check its internal links."""
+    # wholemem.pyg's API page imports torch_geometric (the optional extra wholemem[pyg])
+    install_base(session, extra=(*DOCS_DEPS, *TEST_REQUIREMENTS["wholemem"]))
+    build_wheels(session, list(PACKAGES))
+    install_wheels(session, [p for p in PACKAGES if p != "common"])
+    shutil.rmtree(out, ignore_errors=True)
+    doctrees = Path(session.create_tmp()) / "doctrees"
+    # autodoc imports the installed packages (not the sources): run outside the tree
+    with session.chdir(session.create_tmp()), mpi_backing(openmpi_env()) as env:
+        session.run(
+            "python", "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "-d", str(doctrees), str(DOCS), str(out),
+            env=env,
+        )  # fmt: skip
+    session.run("python", str(DOCS / "check_links.py"), str(out))
+    session.log(f"documentation: {out / 'index.html'}")
+
+
 @nox.session(python="3.11")
-@nox.parametrize("package", [*PACKAGES, "integration", "cluster"])
+def docs(session: nox.Session) -> None:
+    """The documentation site (Sphinx, numpydoc, MyST) into build/docs/html, warnings as errors, links checked."""
+    build_docs(session, ROOT / "build" / "docs" / "html")
+
+
+@nox.session(python="3.11")
+@nox.parametrize("package", [*PACKAGES, "integration", "docs", "cluster"])
 def tests(session: nox.Session, package: str) -> None:
     """Build a package with distkit-common and run its tests (torch 2.13.0); `integration`: the composed job;
-    `cluster`: every test marked `cluster`, across simulated hosts.
+    `docs`: the documentation site built as `nox -s docs` does, and its examples run; `cluster`: every
+    test marked `cluster`, across simulated hosts.
 
     The composed job (tools/train_recsys.py) is tested on all five packages at once. The cluster tests
     need root and network namespaces (ci/cluster/README.md); elsewhere they skip with one message.
     """
+    if package == "docs":
+        build_docs(session, ROOT / "build" / "docs" / "html")
+        run_pytest(session, [], paths=[str(DOCS / "tests")])
+        return
     if package == "cluster":
         install_base(session, extra=("tqdm>=4.60", "matplotlib>=3.7", *_all_test_requirements()))
         build_wheels(session, list(PACKAGES))

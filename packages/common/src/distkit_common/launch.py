@@ -4,16 +4,16 @@ Every distkit package that needs to know where a process sits (which GPU a
 rank binds to, which ranks share a host) reads it here, so one launcher's
 quirks are handled once:
 
-========= ================= ================== =========================== ===============================
-launcher  rank              size               local rank / local size     node
-========= ================= ================== =========================== ===============================
-Open MPI  OMPI_COMM_WORLD_* OMPI_COMM_WORLD_*  OMPI_COMM_WORLD_LOCAL_*     (not exported by Open MPI)
-torchrun  RANK              WORLD_SIZE         LOCAL_RANK, LOCAL_WORLD_SIZE GROUP_RANK
-MPICH     PMI_RANK          PMI_SIZE           MPI_LOCALRANKID, _LOCALNRANKS
-PMIx      PMIX_RANK         PMIX_SIZE          PMIX_LOCAL_RANK, _LOCAL_SIZE
-SLURM     SLURM_PROCID      SLURM_NTASKS       SLURM_LOCALID, tasks of       SLURM_NODEID
-                                               this node (SLURM_TASKS_PER_NODE)
-========= ================= ================== =========================== ===============================
+======== ================= ================= ============================= ==========================
+launcher rank              size              local rank / local size       node
+======== ================= ================= ============================= ==========================
+Open MPI OMPI_COMM_WORLD_* OMPI_COMM_WORLD_* OMPI_COMM_WORLD_LOCAL_*       (not exported by Open MPI)
+torchrun RANK              WORLD_SIZE        LOCAL_RANK, LOCAL_WORLD_SIZE  GROUP_RANK
+MPICH    PMI_RANK          PMI_SIZE          MPI_LOCALRANKID, _LOCALNRANKS
+PMIx     PMIX_RANK         PMIX_SIZE         PMIX_LOCAL_RANK, _LOCAL_SIZE
+SLURM    SLURM_PROCID      SLURM_NTASKS      SLURM_LOCALID, tasks of this  SLURM_NODEID
+                                             node (SLURM_TASKS_PER_NODE)
+======== ================= ================= ============================= ==========================
 """
 
 from __future__ import annotations
