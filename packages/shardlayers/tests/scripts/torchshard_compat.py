@@ -330,7 +330,10 @@ def check_nn(p: int, r: int) -> None:
         g2w = ts.distributed.gather(model.layer2.weight.grad, dim=0)
         close(g2w, model.layer1.weight.grad, **_tol(), what="LinearModel dW")
         close(
-            ts.distributed.gather(model.layer2.bias.grad, dim=0), model.layer1.bias.grad, **_tol(), what="LinearModel db"
+            ts.distributed.gather(model.layer2.bias.grad, dim=0),
+            model.layer1.bias.grad,
+            **_tol(),
+            what="LinearModel db",
         )
     # LinearStackModel, hybrid2 combination
     dims = [0, 0, 1, None, -1, 0, 0, -1, None, -1, 1, 0, None, 0, -1]
