@@ -62,7 +62,7 @@ def check_ddp(module: nn.Module) -> None:
         return
     shared = _shared_tp_ranks(ddp)
     if shared:
-        ignored = getattr(ddp, "parameters_to_ignore", set())
+        ignored: set[str] = set(getattr(ddp, "parameters_to_ignore", ()))
         reduced = {id(p) for n, p in ddp.module.named_parameters() if n not in ignored}
         split = [
             n
