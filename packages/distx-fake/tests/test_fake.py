@@ -90,10 +90,12 @@ def test_to_cuda_under_fake_cuda_without_gpu() -> None:
     assert w.shape == (3, 1, 2) and w.requires_grad
     assert h.shape == (5, 3, 8) and h.device == cuda0 and h.requires_grad and fake.is_fake(h)
     assert not x.detach().requires_grad and not torch.zeros_like(x).requires_grad
-    # the flag is undone on exit: torch refuses CUDA again
-    with pytest.raises(RuntimeError):
+    # the flag is undone on exit: torch refuses CUDA again with its own error, and a fake block
+    # without the flag with a hint (not the CUDA backend's NotImplementedError, a RuntimeError)
+    with pytest.raises((AssertionError, RuntimeError)) as err:
         torch.ones(2).to("cuda")
-    with fake.fake_mode(), pytest.raises(RuntimeError):
+    assert not isinstance(err.value, NotImplementedError), err.value
+    with fake.fake_mode(), pytest.raises(RuntimeError, match="fake_cuda=True"):
         torch.ones(2).to("cuda:0")
 
 
@@ -203,3 +205,39 @@ def test_does_not_import_dynamo() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_cuda_lazy_init_state_restored_after_fake_cuda_block() -> None:
+    # torchdistX reset torch's "CUDA initialised" flag on exit; before the fix a CUDA factory
+    # after one fake_cuda block raised NotImplementedError (CUDA backend) instead of torch's error
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    import subprocess
+
+    code = (
+        "import torch\n"
+        "from distx_fake import fake\n"
+        "def err():\n"
+        "    try:\n"
+        "        torch.ones(10, device='cuda')\n"
+        "    except Exception as e:\n"
+        "        return f'{type(e).__name__}: {e}'\n"
+        "    return 'no error'\n"
+        "before = err()\n"
+        "with fake.fake_mode(fake_cuda=True):\n"
+        "    with fake.fake_mode(fake_cuda=True):\n"
+        "        a = torch.ones(10, device='cuda')\n"
+        "    b = torch.zeros(3, device='cuda:1')\n"
+        "print(repr(before))\n"
+        "print(repr(err()))\n"
+        "with fake.fake_mode(fake_cuda=True):\n"
+        "    c = torch.empty(2, device='cuda')\n"
+        "print(repr(err()))\n"
+        "print(fake.is_fake(a), fake.is_fake(b), fake.is_fake(c), a.device, c.device)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    before, after, again, last = out.stdout.strip().splitlines()
+    # torch's own error (on a CPU build "AssertionError: Torch not compiled with CUDA enabled")
+    assert before.startswith(("'AssertionError", "'RuntimeError")), before
+    assert after == before and again == before
+    assert last == "True True True cuda:0 cuda:0"

@@ -121,7 +121,7 @@ PYBIND11_MODULE(_shardlayers, m) {
         "Per-row local (max, sum exp(x - max), target logit, sum w*x) of logits x[n, c] into out[n, 4].");
   m.def("xent_grad_cpu", &xent_grad_cpu, py::arg("x"), py::arg("grad"), py::arg("n"), py::arg("c"),
         py::arg("row_stride"), py::arg("dtype"), py::arg("target"), py::arg("vstart"), py::arg("weight"),
-        py::arg("coef"), "Gradient grad[n, c] (contiguous) of the cross-entropy from coef[n, 4] = (lse, cp, ct, cw).");
+        py::arg("coef"), "Gradient grad[n, c] (contiguous) of the cross-entropy from coef[n, 4] = (max, a, ct, cw).");
   m.def("xent_stats_blockwise_cpu", &xent_stats_blockwise_cpu, py::arg("x"), py::arg("n"), py::arg("c"),
         py::arg("row_stride"), py::arg("dtype"), py::arg("target"), py::arg("vstart"), py::arg("weight"),
         py::arg("want_sum"), py::arg("out"), "The CUDA stats kernel's algorithm run on the host (for tests).");

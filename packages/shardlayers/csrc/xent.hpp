@@ -7,9 +7,11 @@
 //      the (m, s, x_t, swx) rows (one all-gather of N x 4 numbers, done in Python).
 //   2. xent_grad_row: the gradient of the (weighted, smoothed, reduced) loss w.r.t. x, written into
 //      a buffer the size of the local logits:
-//        g_j = cp * exp(x_j - lse) - cw * w_j - [j == target] * ct
-//      where lse = global log-sum-exp of the row and cp, ct, cw are per-row coefficients (0 for an
-//      ignored row) prepared by the caller.
+//        g_j = a * exp(x_j - m) - cw * w_j - [j == target] * ct
+//      where m = the row's global max, a = cp / sum_j exp(x_j - m) (so a * exp(x_j - m) is cp times
+//      the softmax exp((x_j - m) - log sum), as F.cross_entropy forms it: never exp(x_j - lse) with
+//      lse = m + log sum rounded to one float, whose rounding (~1e-4 at |m| ~ 2000) would land in
+//      the exponent) and a, ct, cw are per-row coefficients (0 for an ignored row) prepared by the caller.
 // The CPU kernel runs xent_stats_row / xent_grad_row over whole rows (blocked for vectorisation);
 // the CUDA kernel folds strided shares of a row with xent_partial_strided, merges them with
 // xent_partial_merge and writes with xent_partial_finish, and computes each gradient element with
@@ -191,38 +193,38 @@ DK_HD void xent_stats_row(const T* x, int64_t C, int64_t target, int64_t vstart,
 }
 
 /// True for a row that contributes nothing (ignored target, or zero weight and no smoothing):
-/// its gradient is exactly 0. Its lse is a placeholder, so cp * exp(x - lse) must not be
+/// its gradient is exactly 0. Its max is a placeholder, so a * exp(x - m) must not be
 /// evaluated (0 * exp(x) is NaN once exp(x) overflows, x > ~88 in float).
 template <class A>
-DK_INLINE bool xent_row_is_zero(A cp, A ct, A cw) {
-  return cp == A(0) && ct == A(0) && cw == A(0);
+DK_INLINE bool xent_row_is_zero(A a, A ct, A cw) {
+  return a == A(0) && ct == A(0) && cw == A(0);
 }
 
-/// Gradient of one element: cp * exp(x - lse) - cw * w - (is_target ? ct : 0); exactly 0 for a
+/// Gradient of one element: a * exp(x - m) - cw * w - (is_target ? ct : 0); exactly 0 for a
 /// row whose coefficients are all 0.
 template <class A>
-DK_INLINE A xent_grad_elem(A x, A lse, A cp, A ct, A cw, A w, bool is_target) {
-  if (xent_row_is_zero<A>(cp, ct, cw)) return A(0);
-  A g = cp * dk_exp<A>(x - lse) - cw * w;
+DK_INLINE A xent_grad_elem(A x, A m, A a, A ct, A cw, A w, bool is_target) {
+  if (xent_row_is_zero<A>(a, ct, cw)) return A(0);
+  A g = a * dk_exp<A>(x - m) - cw * w;
   return is_target ? g - ct : g;
 }
 
-/// Gradient of one row. coef = {lse, cp, ct, cw}.
+/// Gradient of one row. coef = {m, a, ct, cw}.
 template <class T, class A>
 DK_HD void xent_grad_row(const T* x, T* g, int64_t C, int64_t target, int64_t vstart, const A* w, const A* coef) {
-  const A lse = coef[0], cp = coef[1], ct = coef[2], cw = coef[3];
+  const A m = coef[0], a = coef[1], ct = coef[2], cw = coef[3];
   const int64_t lt = target - vstart;
-  if (xent_row_is_zero<A>(cp, ct, cw)) {
+  if (xent_row_is_zero<A>(a, ct, cw)) {
     for (int64_t j = 0; j < C; ++j) g[j] = T(A(0));
     return;
   }
   if (w) {
-    for (int64_t j = 0; j < C; ++j) g[j] = T(cp * dk_exp<A>(static_cast<A>(x[j]) - lse) - cw * w[j]);
+    for (int64_t j = 0; j < C; ++j) g[j] = T(a * dk_exp<A>(static_cast<A>(x[j]) - m) - cw * w[j]);
   } else {
-    for (int64_t j = 0; j < C; ++j) g[j] = T(cp * dk_exp<A>(static_cast<A>(x[j]) - lse) - cw);
+    for (int64_t j = 0; j < C; ++j) g[j] = T(a * dk_exp<A>(static_cast<A>(x[j]) - m) - cw);
   }
   if (lt >= 0 && lt < C) {
-    g[lt] = T(xent_grad_elem<A>(static_cast<A>(x[lt]), lse, cp, ct, cw, w ? w[lt] : A(1), true));
+    g[lt] = T(xent_grad_elem<A>(static_cast<A>(x[lt]), m, a, ct, cw, w ? w[lt] : A(1), true));
   }
 }
 

@@ -10,7 +10,7 @@ import shardlayers
 import shardlayers as ts
 from distkit_common.dtypes import code_of
 from shardlayers import _shardlayers
-from shardlayers._xent import native_grad, native_stats
+from shardlayers._xent import VocabParallelCrossEntropy, native_grad, native_stats
 
 
 def test_native_version_matches_package() -> None:
@@ -53,6 +53,69 @@ def test_native_stats_and_grad_match_torch(dtype: torch.dtype, with_weight: bool
     rtol = {torch.float16: 2e-3, torch.bfloat16: 1e-2}.get(dtype, tol)
     torch.testing.assert_close(grad.to(acc), ref.to(dtype).to(acc), rtol=rtol, atol=rtol)
     assert torch.all(grad[3] == 0)
+
+
+def _one_rank_xent(x: torch.Tensor, target: torch.Tensor, reduction: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Loss and logits gradient of the native vocab-parallel cross-entropy on one rank."""
+    leaf = x.clone().requires_grad_(True)
+    loss = VocabParallelCrossEntropy.apply(leaf, target, None, -100, reduction, 0.0, None, None)
+    (loss.sum() if reduction == "none" else loss).backward()
+    assert leaf.grad is not None
+    return loss.detach(), leaf.grad
+
+
+def _torch_xent(x: torch.Tensor, target: torch.Tensor, reduction: str) -> tuple[torch.Tensor, torch.Tensor]:
+    leaf = x.clone().requires_grad_(True)
+    loss = torch.nn.functional.cross_entropy(leaf, target, reduction=reduction)
+    (loss.sum() if reduction == "none" else loss).backward()
+    assert leaf.grad is not None
+    return loss.detach(), leaf.grad
+
+
+@pytest.fixture(params=["cpu kernel", "cuda algorithm"])
+def xent_algorithm(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the cross-entropy with the CPU kernels, or with the CUDA kernels' per-row / per-element
+    code run on the host (same signatures)."""
+    if request.param == "cuda algorithm":
+        monkeypatch.setattr(_shardlayers, "xent_stats_cpu", _shardlayers.xent_stats_blockwise_cpu)
+        monkeypatch.setattr(_shardlayers, "xent_grad_cpu", _shardlayers.xent_grad_elementwise_cpu)
+    return str(request.param)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e3, 1e4])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_float32_cross_entropy_as_accurate_as_torch_at_large_logits(
+    xent_algorithm: str, scale: float, reduction: str
+) -> None:
+    # TorchShard's test shapes (13 x 17 rows of 22 classes, logits scaled by 1000): the gradient
+    # once took exp(x - lse) with lse = max + log(sum) rounded to one float32, so at |lse| ~ 2000
+    # its rounding (~1e-4) landed in the exponent: errors of 5.4e-5 against torch's 5.6e-8
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(221, 22, generator=g) * scale
+    target = torch.randint(0, 22, (221,), generator=g)
+    loss64, grad64 = _torch_xent(x.double(), target, reduction)
+    loss_t, grad_t = _torch_xent(x, target, reduction)
+    loss, grad = _one_rank_xent(x, target, reduction)
+    err_t = (grad_t.double() - grad64).abs().max().item()
+    err = (grad.double() - grad64).abs().max().item()
+    assert err <= 2 * err_t + 3e-8, (xent_algorithm, err, err_t)
+    lerr_t = (loss_t.double() - loss64).abs().max().item()
+    lerr = (loss.double() - loss64).abs().max().item()
+    ulp = torch.finfo(torch.float32).eps * loss64.abs().max().item()
+    assert lerr <= 2 * lerr_t + ulp, (xent_algorithm, lerr, lerr_t)
+
+
+def test_cross_entropy_gradient_of_two_close_large_logits_sums_to_zero(xent_algorithm: str) -> None:
+    # the report's example: the gradient was [-0.574448823928833, 0.5744620561599731]
+    x = torch.tensor([[2000.0, 2000.3]])
+    target = torch.tensor([0])
+    loss, grad = _one_rank_xent(x, target, "sum")
+    loss64, grad64 = _torch_xent(x.double(), target, "sum")
+    ulp = 6e-8  # of 0.57 in float32; the old error was 5e-6
+    assert abs(grad.sum().item()) <= 2 * ulp, grad
+    torch.testing.assert_close(grad.double(), grad64, rtol=0, atol=2 * ulp)
+    torch.testing.assert_close(loss.double(), loss64, rtol=0, atol=2 * ulp)
+    assert grad[0, 1].item() == pytest.approx(0.5744544267654419, abs=2 * ulp)
 
 
 def _blockwise_stats(x: torch.Tensor, target: torch.Tensor, vstart: int, w: torch.Tensor | None) -> torch.Tensor:

@@ -579,11 +579,84 @@ class _FakeCudaFunctionMode(TorchFunctionMode):
 
 
 _orig_lazy_init = torch.cuda._lazy_init
+#: the C++ side of torch's lazy CUDA initialisation, by symbol (torch exposes no Python setter)
+_REQUIRES_INIT_SYMBOLS = (
+    "_ZN5torch5utils24set_requires_device_initEN3c1010DeviceTypeEb",  # (DeviceType, bool), torch >= 2.1
+    "_ZN5torch5utils22set_requires_cuda_initEb",  # (bool), older releases
+)
+_CUDA_DEVICE_TYPE = 1  # c10::DeviceType::CUDA
 
 
 def _no_lazy_init() -> None:
-    if not _fake_cuda_enabled():
-        _orig_lazy_init()
+    """``torch.cuda._lazy_init`` while a fake block runs on a machine without CUDA."""
+    if _fake_cuda_enabled():
+        # torch's C++ caller now marks CUDA initialised for the rest of the process: undone
+        # when the fake_cuda block ends
+        _state.swallowed_init = True
+        return
+    if getattr(_tls, "depth", 0):
+        raise RuntimeError(
+            "cannot create a tensor on device 'cuda': CUDA is not available; "
+            "use fake_mode(fake_cuda=True) to fake CUDA tensors on this machine"
+        )
+    _orig_lazy_init()
+
+
+class _LazyInitState:
+    """torch's lazy CUDA initialisation while fake blocks run (shared by all threads)."""
+
+    #: a fake_cuda block let torch's C++ lazy initialisation succeed without CUDA
+    swallowed_init = False
+    #: fake blocks (all threads) running with ``torch.cuda._lazy_init`` patched
+    users = 0
+
+
+_state = _LazyInitState()
+_state_lock = threading.Lock()
+
+
+def _patch_lazy_init(on: bool) -> None:
+    with _state_lock:
+        _state.users += 1 if on else -1
+        if _state.users == (1 if on else 0):
+            torch.cuda._lazy_init = _no_lazy_init if on else _orig_lazy_init
+
+
+def _restore_requires_cuda_init() -> None:
+    """Make torch initialise CUDA again on the next CUDA call, as before the fake block.
+
+    torch's C++ ``device_lazy_init`` calls ``torch.cuda._lazy_init`` once and then remembers
+    CUDA as initialised; inside ``fake_mode(fake_cuda=True)`` that call was a no-op, so without
+    this a later ``torch.ones(1, device="cuda")`` reached the dispatcher (``NotImplementedError``
+    for the CUDA backend) instead of raising torch's own "Torch not compiled with CUDA" error.
+    torchdistX called ``torch::utils::set_requires_cuda_init(true)`` on exit; the same function
+    is called here through ``ctypes`` (the extension does not link libtorch).
+
+    Raises
+    ------
+    RuntimeError
+        If torch's ``libtorch_python`` exports neither setter.
+    """
+    import ctypes
+
+    lib = ctypes.CDLL(torch._C.__file__)  # already loaded: its libtorch_python symbols resolve
+    for i, name in enumerate(_REQUIRES_INIT_SYMBOLS):
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            continue
+        fn.restype = None
+        if i == 0:
+            fn.argtypes = [ctypes.c_int8, ctypes.c_bool]
+            fn(_CUDA_DEVICE_TYPE, True)
+        else:
+            fn.argtypes = [ctypes.c_bool]
+            fn(True)
+        return
+    raise RuntimeError(
+        "distx_fake: cannot reset torch's lazy CUDA initialisation after fake_mode(fake_cuda=True) "
+        f"(torch {torch.__version__} exports none of {_REQUIRES_INIT_SYMBOLS})"
+    )
 
 
 @contextlib.contextmanager
@@ -592,12 +665,13 @@ def _fake_ctx(fake_cuda: bool) -> Iterator[None]:
     if stack is None:
         stack = _tls.cuda = []
     stack.append(fake_cuda)
-    patched = fake_cuda and not torch.cuda.is_available()
-    if patched:
-        # torch initializes CUDA before dispatching a factory call with device="cuda";
-        # faking CUDA on a machine without it means skipping that (restored on exit)
-        torch.cuda._lazy_init = _no_lazy_init
     depth = getattr(_tls, "depth", 0)
+    no_cuda = not torch.cuda.is_available()
+    if no_cuda and not depth:
+        # torch initializes CUDA before dispatching a factory call with device="cuda": skipped
+        # under fake_cuda, refused with a hint otherwise (restored on exit)
+        _patch_lazy_init(True)
+    patched = fake_cuda and no_cuda
     _tls.depth = depth + 1
     try:
         with _FakeCudaFunctionMode() if patched else contextlib.nullcontext():
@@ -611,8 +685,11 @@ def _fake_ctx(fake_cuda: bool) -> Iterator[None]:
     finally:
         _tls.depth = depth
         stack.pop()
-        if patched and not any(stack):
-            torch.cuda._lazy_init = _orig_lazy_init
+        if patched and not _fake_cuda_enabled() and _state.swallowed_init:
+            _state.swallowed_init = False
+            _restore_requires_cuda_init()
+        if no_cuda and not depth:
+            _patch_lazy_init(False)
 
 
 @contextlib.contextmanager

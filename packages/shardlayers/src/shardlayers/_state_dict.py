@@ -168,6 +168,17 @@ def relocate_state_dict(model: nn.Module, state_dict: dict[str, Any], prefix: st
     return out
 
 
+def split_parameter_names(module: nn.Module) -> list[str]:
+    """Names of the split parameters and buffers of ``module`` (what DDP over the world must ignore).
+
+    Raises
+    ------
+    TypeError
+        If ``module`` is not an ``nn.Module``.
+    """
+    return [n for n, _ in _tagged(module)]
+
+
 def register_ddp_parameters_to_ignore(module: nn.Module) -> list[str]:
     """Tell DDP (over the whole world) to skip the split parameters of ``module``.
 
@@ -191,7 +202,7 @@ def register_ddp_parameters_to_ignore(module: nn.Module) -> list[str]:
     TypeError
         If ``module`` is not an ``nn.Module``.
     """
-    names = [n for n, _ in _tagged(module)]
+    names = split_parameter_names(module)
     from torch.nn.parallel import DistributedDataParallel
 
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, names)

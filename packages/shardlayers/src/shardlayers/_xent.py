@@ -63,7 +63,8 @@ def native_stats(
 def native_grad(
     x: torch.Tensor, target: torch.Tensor, vstart: int, weight: torch.Tensor | None, coef: torch.Tensor
 ) -> torch.Tensor:
-    """Gradient ``cp * exp(x - lse) - cw * w - [j == t] ct`` per row (``coef = [lse, cp, ct, cw]``)."""
+    """Gradient ``a * exp(x - m) - cw * w - [j == t] ct`` per row (``coef = [m, a, ct, cw]``: the
+    row's global max and ``a = cp / sum exp(x - m)``)."""
     n, c = x.shape
     grad = torch.empty((n, c), dtype=x.dtype, device=x.device)
     wp = 0 if weight is None else weight.data_ptr()
@@ -145,29 +146,37 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
             local_stats = torch.zeros((x.shape[0], 4), dtype=acc, device=x.device)
             local_stats[:, 0] = float("-inf")
         stats = _combine(local_stats, group, p)
-        lse = stats[:, 0] + torch.log(stats[:, 1])
+        # max and log(sum) stay apart, as in F.cross_entropy's (x - max) - log(sum): one float32
+        # lse = max + log(sum) rounds to ~1e-4 at |logits| ~ 2000, and that error lands in exp()
+        m, s = stats[:, 0], stats[:, 1]
+        log_s = torch.log(s)
         xt, swx = stats[:, 2], stats[:, 3]
         vf = valid.to(acc)
         tc = torch.where(valid, t, torch.zeros_like(t))
         w_t = weight.gather(0, tc) * vf if weight is not None else vf
         w_sum = weight.sum() if weight is not None else torch.tensor(float(n_classes), dtype=acc, device=x.device)
-        rows = (1.0 - eps) * w_t * torch.where(valid, lse - xt, torch.zeros_like(lse))
+        zero = torch.zeros_like(m)
+        rows = (1.0 - eps) * w_t * torch.where(valid, (m - xt) + log_s, zero)
         if eps > 0:
-            rows = rows + (eps / n_classes) * torch.where(valid, w_sum * lse - swx, torch.zeros_like(lse))
+            rows = rows + (eps / n_classes) * torch.where(valid, (w_sum * m - swx) + w_sum * log_s, zero)
         if reduction == "none":
             loss = rows.reshape(target.shape)
-            scale = torch.ones_like(lse)
+            scale = torch.ones_like(m)
         elif reduction == "sum":
             loss = rows.sum()
-            scale = torch.ones_like(lse)
+            scale = torch.ones_like(m)
         else:
             denom = w_t.sum()
             loss = rows.sum() / denom
-            scale = (1.0 / denom).expand_as(lse)
+            scale = (1.0 / denom).expand_as(m)
         cp = scale * ((1.0 - eps) * w_t + (eps / n_classes) * w_sum * vf)
         ct = scale * (1.0 - eps) * w_t
         cw = scale * (eps / n_classes) * vf
-        coef = torch.stack([torch.where(valid, lse, torch.zeros_like(lse)), cp, ct, cw], dim=-1).contiguous()
+        # the kernel writes a * exp(x - max) - cw * w - [j == t] * ct: with a = cp / sum that is
+        # cp * exp((x - max) - log(sum)) without a rounded lse in the exponent (a = 0 keeps a row
+        # that contributes nothing exactly 0, whatever its sum)
+        a = torch.where(cp != 0, cp / s, zero)
+        coef = torch.stack([torch.where(valid, m, zero), a, ct, cw], dim=-1).contiguous()
         if c_valid == c_local:
             grad = native_grad(x, t, vstart, w_local, coef)
         else:  # padded columns get no gradient

@@ -1,7 +1,8 @@
 """Spawned body (4 ranks): the layer checks of scripts/layers.py at TP sizes 1, 2 and 4, then a
 transformer block in TP=2 x DP=2 trained 20 steps with DDP over the data-parallel group matches
 single-process training; its state dict reloads at TP=4 and TP=1; DDP over the world with
-register_ddp_parameters_to_ignore."""
+register_ddp_parameters_to_ignore, with the list convert_parallel_linear registers at TP = world,
+and refused where it would average the shards of one tensor-parallel group."""
 
 from __future__ import annotations
 
@@ -152,6 +153,62 @@ def ddp_world_ignore(rank: int, size: int) -> None:
     close(model[2].bias, ref[2].bias, 1e-6, 1e-6, "ddp row bias")
 
 
+def _ddp_forward_error(model: nn.Module, x: torch.Tensor, **kw: object) -> str:
+    ddp = DDP(model, **kw)  # type: ignore[arg-type]
+    try:
+        ddp(x)
+    except RuntimeError as e:
+        return str(e)
+    return "no error"
+
+
+def ddp_world_automatic(rank: int, size: int) -> None:
+    """TorchShard's pattern without register_ddp_parameters_to_ignore: convert_parallel_linear at
+    TP = world registers the split parameters for DDP to ignore (as TorchShard's convert did) and
+    DDP(model) trains like the single-process model; a DDP that would average the shards of one
+    tensor-parallel group (layers built directly at TP = world, or DDP over the world at TP = 2)
+    raises on its first forward instead of averaging different shards."""
+    ts.distributed.init_process_group(size)
+    torch.manual_seed(7)
+    ref = nn.Sequential(nn.Linear(8, 4 * size), nn.Tanh(), nn.Linear(4 * size, 3))
+    model = nn.Sequential(nn.Linear(8, 4 * size), nn.Tanh(), nn.Linear(4 * size, 3))
+    model.load_state_dict(ref.state_dict())
+    model[0] = ts.nn.convert_parallel_linear(model[0], -1)
+    assert model[0]._ddp_params_and_buffers_to_ignore == ["weight", "bias"]
+    ts.nn.ParallelLinear.convert_parallel_linear(model, 0)  # in place (TorchShard's tests ignore the result)
+    assert model._ddp_params_and_buffers_to_ignore == ["0.weight", "0.bias", "2.weight"]
+    ddp = DDP(model)
+    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(3))  # one batch: a single TP group
+    ddp(x).square().sum().backward()
+    ref(x).square().sum().backward()
+    # every shard gets its slice of the full gradient (averaging it with the other ranks' shards,
+    # as DDP did without the list, gave wrong gradients without an error)
+    close(model[0].weight.grad, shard(ref[0].weight.grad, 0, size, rank), 1e-6, 1e-6, "auto ignore col dW")
+    close(model[0].bias.grad, shard(ref[0].bias.grad, 0, size, rank), 1e-6, 1e-6, "auto ignore col db")
+    close(model[2].weight.grad, shard(ref[2].weight.grad, 1, size, rank), 1e-6, 1e-6, "auto ignore row dW")
+    close(model[2].bias.grad, ref[2].bias.grad, 1e-6, 1e-6, "auto ignore row db")
+    # the same layers built directly: nothing registered, DDP over the world is refused
+    torch.manual_seed(7)
+    direct = nn.Sequential(
+        ts.nn.ParallelLinear(8, 4 * size, dim=-1), nn.Tanh(), ts.nn.ParallelLinear(4 * size, 3, dim=0)
+    )
+    msg = _ddp_forward_error(direct, x)
+    assert "averages the split parameters ['0.weight', '0.bias']" in msg, msg
+    assert f"over ranks {list(range(size))}" in msg and "register_ddp_parameters_to_ignore" in msg, msg
+    ts.register_ddp_parameters_to_ignore(direct)
+    assert _ddp_forward_error(direct, x) == "no error"
+    # TP = 2 inside a world of 4: convert registers nothing (DDP over the data-parallel group must
+    # average the shards over their replicas); DDP over the world is refused, over DP accepted
+    ts.distributed.init_process_group(2)
+    tp2 = ts.nn.convert_parallel_linear(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), -1)
+    assert not hasattr(tp2, "_ddp_params_and_buffers_to_ignore")
+    pair = [r for r in range(size) if r // 2 == rank // 2]
+    msg = _ddp_forward_error(tp2, x)
+    assert f"averages the split parameters ['0.weight', '0.bias'] over ranks {pair}" in msg, msg
+    assert "get_data_parallel_group()" in msg, msg
+    assert _ddp_forward_error(tp2, x, process_group=ts.distributed.get_data_parallel_group()) == "no error"
+
+
 def run(rank: int, size: int) -> None:
     """The transformer block in TP=2 x DP=2 (trained, reloaded at TP=4 and TP=1), DDP over the world."""
     assert size == 4
@@ -159,6 +216,7 @@ def run(rank: int, size: int) -> None:
     reload(blob, 4)
     reload(blob, 1)
     ddp_world_ignore(rank, size)
+    ddp_world_automatic(rank, size)
     torch.distributed.barrier()
 
 

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._ddp import check_ddp, register_if_world
 from .._split import padded_size, partition_range
 from .._tag import _FULL_SIZE, _PARALLEL_DIM, check_dim, register_parallel_attribute
 from . import functional as PF
@@ -158,6 +159,7 @@ class ParallelEmbedding(nn.Module):
         """Look up ``input`` (see the class docstring)."""
         if _PARALLEL_DIM not in self.weight.__dict__:
             self._register_tags()
+        check_ddp(self)
         return PF.parallel_embedding(
             input,
             self.weight,
@@ -198,7 +200,8 @@ class ParallelEmbedding(nn.Module):
 
 def convert_parallel_embedding(module: nn.Module, dim: int | None = None, *, uneven: bool = False) -> nn.Module:
     """Replace every ``nn.Embedding`` in ``module`` (nested too) by a :class:`ParallelEmbedding`
-    holding the matching slice of its table.
+    holding the matching slice of its table (split tables listed for DDP to ignore when the
+    tensor-parallel group is the whole world, see :func:`convert_parallel_linear`).
 
     Returns
     -------
@@ -237,4 +240,4 @@ def convert_parallel_embedding(module: nn.Module, dim: int | None = None, *, une
         _load_slices(new, m)
         return new
 
-    return _convert(module, make)
+    return register_if_world(_convert(module, make))

@@ -11,6 +11,7 @@ from torch import nn
 
 from distkit_common.validate import check_int
 
+from .._ddp import check_ddp, register_if_world
 from .._split import padded_size, partition_range
 from .._tag import _FULL_SIZE, _PARALLEL_DIM, check_dim, register_parallel_attribute
 from . import functional as PF
@@ -161,6 +162,7 @@ class ParallelLinear(nn.Module):
         """Apply the layer (see the class docstring)."""
         if _PARALLEL_DIM not in self.weight.__dict__:
             self._register_tags()
+        check_ddp(self)
         if self.pad_to_multiple_of is not None:
             return PF.column_linear(input, self.weight, self.bias, num_outputs=self.out_features)
         return PF.parallel_linear(input, self.weight, self.bias, self.dim)
@@ -257,6 +259,7 @@ class ColumnParallelLinear(ParallelLinear):
         """Apply the layer."""
         if _PARALLEL_DIM not in self.weight.__dict__:
             self._register_tags()
+        check_ddp(self)
         return PF.column_linear(
             input,
             self.weight,
@@ -319,6 +322,7 @@ class RowParallelLinear(ParallelLinear):
         """Apply the layer."""
         if _PARALLEL_DIM not in self.weight.__dict__:
             self._register_tags()
+        check_ddp(self)
         return PF.row_linear(
             input,
             self.weight,
@@ -340,6 +344,10 @@ def _convert(module: nn.Module, make: Any) -> nn.Module:
 def convert_parallel_linear(module: nn.Module, dim: int | None = None, *, uneven: bool = False) -> nn.Module:
     """Replace every ``nn.Linear`` in ``module`` (nested too) by a :class:`ParallelLinear` with
     parallel dim ``dim`` holding the matching slice of the original parameters.
+
+    When the tensor-parallel group is the whole world, the split parameters are also listed in
+    the returned module's ``_ddp_params_and_buffers_to_ignore``, as TorchShard's did, so that
+    ``DistributedDataParallel(module)`` over the world does not average different shards.
 
     Returns
     -------
@@ -374,7 +382,7 @@ def convert_parallel_linear(module: nn.Module, dim: int | None = None, *, uneven
         _load_slices(new, m)
         return new
 
-    return _convert(module, make)
+    return register_if_world(_convert(module, make))
 
 
 def _load_slices(new: nn.Module, old: nn.Module) -> None:
