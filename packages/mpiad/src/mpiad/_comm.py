@@ -466,11 +466,11 @@ class Communicator:
 
     # ------------------------------------------------------ non-blocking
     # (Not in the TorchScript class, as the point-to-point ops below: their WaitHandle
-    # carries Python autograd state.) Each I-method validates like its blocking twin, starts the operation and returns
-    # a WaitHandle; ``Wait(handle)`` returns what the blocking call returns. The
-    # engine's worker thread runs the communication while the caller computes; the
-    # backward starts the adjoint when the gradient of the result arrives (the Wait
-    # node) and completes it at the start node.
+    # carries Python autograd state.) Each I-method validates like its blocking twin,
+    # starts the operation and returns a WaitHandle; ``Wait(handle)`` returns what the
+    # blocking call returns. The engine's worker thread runs the communication while
+    # the caller computes; the backward starts the adjoint when the gradient of the
+    # result arrives (the Wait node) and completes it at the start node.
 
     @_drop
     def Iallreduce(self, tensor: Tensor, op: int = MPI_SUM) -> WaitHandle:
