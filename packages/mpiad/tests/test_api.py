@@ -360,3 +360,44 @@ def test_irecv_fills_the_tensor_passed_in() -> None:
     got = comm.Wait(comm.Irecv(buf, 0, 5))
     comm.Wait(h)
     assert got.data_ptr() == buf.data_ptr() and torch.equal(buf, torch.arange(6.0).view(2, 3))
+
+
+def _scripted_allreduce(x: torch.Tensor, comm_: mpiad.MPI_Communicator) -> torch.Tensor:
+    return mpiad.JoinDummies(comm_.Allreduce(x * 3.0, mpiad.MPI_SUM), [x]) * float(comm_.size + comm_.rank)
+
+
+def _bad_op(x: torch.Tensor, comm_: mpiad.MPI_Communicator) -> torch.Tensor:
+    return comm_.Allreduce(x, 12)
+
+
+class _Allreducing(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.comm = mpiad.COMM_WORLD  # the attribute's type is inferred: the TorchScript class
+        self.w = torch.nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.comm.Reduce_scatter(self.comm.Allgather((self.w * x).view(1, -1), 0), mpiad.MPI_SUM, 1)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_torchscript_function_and_module_take_the_communicator() -> None:
+    # mpi4torch's communicator was a TorchScript class; scripting this used to fail at
+    # Allreduce's keyword-only out= ("Compiled functions can't take variable number of arguments")
+    comm = mpiad.COMM_WORLD
+    f = torch.jit.script(_scripted_allreduce)
+    x = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64, requires_grad=True)
+    y = f(x, comm)
+    assert "mpiad::allreduce" in str(f.inlined_graph) and "mpiad::join_dummies" in str(f.inlined_graph)
+    assert torch.equal(y, torch.tensor([3.0, 6.0, 12.0], dtype=torch.float64))  # size 1, rank 0
+    (y * torch.tensor([1.0, 10.0, 100.0], dtype=torch.float64)).sum().backward()
+    assert torch.equal(x.grad, torch.tensor([3.0, 30.0, 300.0], dtype=torch.float64))
+    m = torch.jit.script(_Allreducing())
+    x = torch.tensor([3.0, 5.0], dtype=torch.float64)
+    out = m(x)
+    assert torch.equal(out, torch.tensor([[3.0, -10.0]], dtype=torch.float64))
+    out.sum().backward()
+    assert torch.equal(m.w.grad, x)
+    bad = torch.jit.script(_bad_op)
+    with pytest.raises(RuntimeError, match="op = 12 is not one of"):  # checked by the op, before MPI
+        bad(torch.ones(2), comm)

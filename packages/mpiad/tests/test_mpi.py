@@ -77,6 +77,14 @@ def test_mpi4torch_dropin_compat(nprocs: int) -> None:
     assert f"all checks passed on {nprocs} ranks" in res.stdout
 
 
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_torchscript_matches_eager_and_closed_forms(nprocs: int) -> None:
+    # scripted functions taking an MPI_Communicator and a scripted module holding one:
+    # eager's values and gradients, closed forms, bad input raised on rank 0 alone
+    res = run_mpi(SCRIPTS / "torchscript.py", nprocs, timeout=180)
+    assert f"torchscript: all checks passed on {nprocs} ranks" in res.stdout
+
+
 @pytest.mark.parametrize("nprocs", [3])
 def test_double_backward_closed_form(nprocs: int) -> None:
     # create_graph=True through every collective: Hessian-vector products in closed form

@@ -97,3 +97,11 @@ def check_op(op: Any, t: Tensor) -> int:
             f"{OP_NAMES[op]} needs (value, index) pairs in the last dimension (size 2), got shape {tuple(t.shape)}"
         )
     return op
+
+
+def check_scatter_op(op: Any, t: Tensor) -> int:
+    """``op`` validated for a Reduce_scatter of ``t`` (MINLOC / MAXLOC rejected)."""
+    op = check_op(op, t)
+    if op in (MPI_MINLOC, MPI_MAXLOC):
+        raise MpiadTypeError("Reduce_scatter does not support MPI_MINLOC / MPI_MAXLOC")
+    return op

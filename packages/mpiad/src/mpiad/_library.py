@@ -5,6 +5,10 @@ Each op is functional (a new output, the input untouched; ``Bcast_`` /
 kernel for tracing and an autograd formula built from the other ops, so a
 compiled backward graph contains the matching communication.
 
+The real kernels validate their arguments as the communicator's methods do
+(TorchScript calls them directly, without the method's Python checks); a bad
+argument raises before any communication.
+
 Fake kernels cannot see the other ranks, so compiled code assumes equal sizes
 along gather axes and non-root ``Scatter`` inputs shaped like root's tensor;
 the real kernel raises ``ValueError`` when that does not hold.
@@ -19,6 +23,7 @@ from torch._library.effects import EffectType
 
 from . import _collectives as _coll
 from . import _grad
+from ._checks import check_axis, check_int, check_numelem, check_op, check_rank, check_scatter_op, check_tensor
 from ._constants import MPI_SUM
 from ._errors import MpiadValueError
 
@@ -61,7 +66,7 @@ class _Ops:
 # ------------------------------------------------------------------ allreduce
 @torch.library.custom_op("mpiad::allreduce", mutates_args=())
 def allreduce(x: Tensor, comm: int, op: int) -> Tensor:
-    return _coll.allreduce(comm, x, op)
+    return _coll.allreduce(comm, x, check_op(op, check_tensor(x)))
 
 
 @allreduce.register_fake
@@ -89,7 +94,7 @@ allreduce.register_autograd(_allreduce_bwd, setup_context=_allreduce_setup)
 # ---------------------------------------------------------------------- bcast
 @torch.library.custom_op("mpiad::bcast", mutates_args=())
 def bcast(x: Tensor, comm: int, root: int) -> Tensor:
-    return _coll.bcast(comm, x, root)
+    return _coll.bcast(comm, check_tensor(x), check_rank(root, "root", _rs(comm)[1]))
 
 
 @bcast.register_fake
@@ -113,8 +118,9 @@ bcast.register_autograd(_bcast_bwd, setup_context=_bcast_setup)
 # --------------------------------------------------------------------- reduce
 @torch.library.custom_op("mpiad::reduce", mutates_args=())
 def reduce(x: Tensor, comm: int, op: int, root: int) -> Tensor:
-    rank, _ = _rs(comm)
-    return _coll.reduce(comm, x, op, root, rank)
+    rank, size = _rs(comm)
+    op = check_op(op, check_tensor(x))
+    return _coll.reduce(comm, x, op, check_rank(root, "root", size), rank)
 
 
 @reduce.register_fake
@@ -149,7 +155,9 @@ def _gather_shape(x: Tensor, comm: int, axis: int, root: int | None) -> list[int
 
 @torch.library.custom_op("mpiad::gather", mutates_args=())
 def gather(x: Tensor, comm: int, axis: int, root: int) -> Tensor:
-    rank, _ = _rs(comm)
+    rank, size = _rs(comm)
+    axis = check_axis(axis, "gatheraxis", check_tensor(x).dim())
+    root = check_rank(root, "root", size)
     return _check_shape(_coll.gather(comm, x, axis, root, rank), _gather_shape(x, comm, axis, root), "Gather")
 
 
@@ -174,6 +182,7 @@ gather.register_autograd(_gather_bwd, setup_context=_gather_setup)
 
 @torch.library.custom_op("mpiad::allgather", mutates_args=())
 def allgather(x: Tensor, comm: int, axis: int) -> Tensor:
+    axis = check_axis(axis, "gatheraxis", check_tensor(x).dim())
     return _check_shape(_coll.allgather(comm, x, axis), _gather_shape(x, comm, axis, None), "Allgather")
 
 
@@ -205,7 +214,10 @@ def _scatter_shape(x: Tensor, axis: int, numelem: int) -> list[int]:
 
 @torch.library.custom_op("mpiad::scatter", mutates_args=())
 def scatter(x: Tensor, comm: int, axis: int, numelem: int, root: int) -> Tensor:
-    rank, _ = _rs(comm)
+    rank, size = _rs(comm)
+    check_tensor(x)
+    axis = check_int(axis, "scatteraxis")  # (range-checked against root's tensor, on every rank)
+    numelem, root = check_numelem(numelem), check_rank(root, "root", size)
     out = _coll.scatter(comm, x, axis, numelem, root, rank)
     return _check_shape(out, _scatter_shape(x, axis, numelem), "Scatter")
 
@@ -245,6 +257,9 @@ def _alltoall_shape(x: Tensor, comm: int, gaxis: int, saxis: int, numelem: int) 
 
 @torch.library.custom_op("mpiad::alltoall", mutates_args=())
 def alltoall(x: Tensor, comm: int, gaxis: int, saxis: int, numelem: int) -> Tensor:
+    ndim = check_tensor(x).dim()
+    gaxis, saxis = check_axis(gaxis, "gatheraxis", ndim), check_axis(saxis, "scatteraxis", ndim)
+    numelem = check_numelem(numelem)
     out = _coll.alltoall(comm, x, gaxis, saxis, numelem)
     return _check_shape(out, _alltoall_shape(x, comm, gaxis, saxis, numelem), "Alltoall")
 
@@ -271,7 +286,9 @@ alltoall.register_autograd(_alltoall_bwd, setup_context=_alltoall_setup)
 # ------------------------------------------------------------- reduce_scatter
 @torch.library.custom_op("mpiad::reduce_scatter", mutates_args=())
 def reduce_scatter(x: Tensor, comm: int, op: int, axis: int, numelem: int) -> Tensor:
-    return _coll.reduce_scatter(comm, x, op, axis, numelem)
+    op = check_scatter_op(op, check_tensor(x))
+    axis = check_axis(axis, "scatteraxis", x.dim())
+    return _coll.reduce_scatter(comm, x, op, axis, check_numelem(numelem))
 
 
 @reduce_scatter.register_fake

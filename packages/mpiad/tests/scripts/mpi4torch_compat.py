@@ -5,9 +5,9 @@ Covers what the ported suite (port_mpi4torch.py) leaves out: mpi4torch's
 public names and parameter names (keyword calls), the Alltoall equivalences
 with rank-dependent numelem, the other two non-blocking orders (Isend/Recv/Wait,
 Irecv/Send/Wait) on a message above the eager limit, mpi4torch's
-examples/isend-recv-wait.py with its exact output, and the in-place
+examples/isend-recv-wait.py with its exact output, the in-place
 semantics mpi4torch users observe (buffers filled, leaves overwritten,
-aliases returned).
+aliases returned) and mpi4torch's test_torchscript.
 """
 
 from __future__ import annotations
@@ -246,6 +246,20 @@ def gather_nonroot_and_scatter_nonroot() -> None:
     assert torch.equal(s, (torch.arange(4, dtype=torch.float32) * size + rank).view(4, 1)), s
 
 
+def torchscript_as_in_mpi4torch() -> None:
+    """mpi4torch's test_torchscript as its authors wrote it: a scripted function whose
+    communicator argument is annotated with the class, the op a module constant."""
+    tmp = torch.rand(10, dtype=torch.double).requires_grad_()
+
+    @torch.jit.script
+    def myfunc(x, comm_: mpi4torch.MPI_Communicator):  # type: ignore[no-untyped-def]
+        return comm_.Allreduce(x, mpi4torch.MPI_SUM)
+
+    res = myfunc(tmp, comm)
+    res.sum().backward()
+    assert (tmp.grad == comm.size * torch.ones(10, dtype=torch.double)).all()
+
+
 def errors_are_runtime_errors() -> None:
     """mpi4torch's TorchScript communicator surfaced every error as RuntimeError; mpiad's
     ValueError / TypeError subclasses are RuntimeErrors too, raised on every rank."""
@@ -279,6 +293,7 @@ for fn in (
     isend_recv_wait_example,
     inplace_semantics,
     gather_nonroot_and_scatter_nonroot,
+    torchscript_as_in_mpi4torch,
 ):
     fn()
     MPI.COMM_WORLD.Barrier()
