@@ -199,6 +199,21 @@ def test_run_spawn() -> None:
         testing.run_spawn(_spawn_hang, 2, timeout=3)
 
 
+@pytest.mark.spawn
+def test_run_spawn_reports_a_rank_that_fails_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a body the parent can call but a child cannot import: the child's start-up fails
+    def body(rank: int, size: int, store: str) -> None:
+        raise AssertionError("never runs in a child")
+
+    body.__qualname__ = "_only_in_the_parent"
+    monkeypatch.setattr(sys.modules[__name__], "_only_in_the_parent", body, raising=False)
+    with pytest.raises(AssertionError, match=r"rank \d exited with code 1 before its body began"):
+        testing.run_spawn(body, 2, timeout=120)
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="start_timeout must be > 0"):
+            testing.run_spawn(_spawn_body, 2, args=(1,), start_timeout=bad)
+
+
 def _rows_body(rank: int, size: int, store: str, rows_path: str, cfg: dict[str, Any]) -> None:
     import json
 
@@ -212,6 +227,8 @@ def _rows_body(rank: int, size: int, store: str, rows_path: str, cfg: dict[str, 
 def test_run_spawn_rows_keeps_the_rows_of_a_run_that_failed() -> None:
     rows, error = testing.run_spawn_rows(_rows_body, 2, {"x": 3}, 120)
     assert error is None and sorted((r["rank"], r["x"]) for r in rows) == [(0, 3), (1, 6)]
+    # the 5 s begin when both ranks have started (not at the spawn: starting Python and
+    # importing torch take longer than that on a loaded machine); each writes its row at once
     rows, error = testing.run_spawn_rows(_rows_body, 2, {"x": 5, "hang_rank": 1}, 5)
     assert error is not None and "timed out" in error
     assert sorted((r["rank"], r["x"]) for r in rows) == [(0, 5), (1, 10)]
