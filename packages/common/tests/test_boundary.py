@@ -108,7 +108,7 @@ def test_collective_error_types() -> None:
 
 @pytest.mark.mpi
 def test_agree_over_mpi() -> None:
-    res = testing.run_mpi(SCRIPTS / "agree.py", 3, timeout=120)
+    res = testing.run_mpi(SCRIPTS / "agree.py", 3, timeout=300)
     assert sorted(line for line in res.stdout.splitlines() if line.endswith(" ok")) == [
         f"rank {r} ok" for r in range(3)
     ]
@@ -130,7 +130,7 @@ def _agree_gloo(rank: int, size: int, store: str) -> None:
 
 @pytest.mark.spawn
 def test_agree_over_torch_process_group() -> None:
-    testing.run_spawn(_agree_gloo, 2, timeout=120)
+    testing.run_spawn(_agree_gloo, 2, timeout=300)
 
 
 # ------------------------------------------------------------------ fsio
