@@ -314,6 +314,9 @@ def sanitize(session: nox.Session, package: str) -> None:
     logs = Path(session.create_tmp()) / "sanitizer-logs"
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir()
+    # a halting report ends pytest itself: with fd capture it would go down with pytest's buffers;
+    # -v names the test it ended in
+    session.posargs[:] = ["--capture=sys", "-v", *session.posargs]
     run_pytest(session, [package], extra_env=sanitize_run_env(session, logs))
     # a report in a child whose exit code a test does not look at still leaves its log here
     reports = sorted(logs.iterdir())
