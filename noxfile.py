@@ -4,6 +4,7 @@
     nox -s tests                          # build and test all six packages (torch 2.13.0)
     nox -s "tests(package='mpiad')"       # one package alone
     nox -s "tests(package='cluster')"     # every `cluster` test, across simulated hosts (root; ci/cluster/)
+    nox -s "sanitize(package='kvps')"     # a package's suite under AddressSanitizer + UBSan
     nox -s matrix                         # the same wheels on torch 2.13.0 and 2.14.1
     nox -s demo                           # the composed training job on 4 MPI ranks
     nox -s docs                           # the documentation site into build/docs/html
@@ -112,6 +113,8 @@ def build_wheels(
         stem = DIST_NAMES[pkg].replace("-", "_")
         stamp = outdir / f"{stem}.digest"
         digest = _source_digest(pkg)
+        if env:  # the same sources built with other settings (sanitizers, CUDA architectures) differ
+            digest += "-" + hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:8]
         wheels = list(outdir.glob(f"{stem}-{version()}-*.whl"))
         if wheels and stamp.exists() and stamp.read_text() == digest:
             session.log(f"{wheels[0].name} is up to date")
@@ -277,6 +280,94 @@ def tests(session: nox.Session, package: str) -> None:
     build_wheels(session, [package, *optional])
     install_wheels(session, [package, *optional])
     run_pytest(session, [package])
+
+
+#: compile and link flags of `nox -s sanitize` (also into the MODULE linker flags: pybind11 modules are MODULEs)
+SANITIZE_FLAGS = "-fsanitize=address,undefined -fno-omit-frame-pointer"
+SANITIZE_SUPPRESSIONS = ROOT / "ci" / "sanitize"
+
+
+def sanitize_build_env() -> dict[str, str]:
+    """scikit-build-core settings of a sanitized build: RelWithDebInfo at -O1 -g (Release would
+    have pybind11 add -O3, stripping and LTO), the sanitizer flags, CPU paths only, its own build dir."""
+    cmake_args = [
+        f"-DCMAKE_CXX_FLAGS={SANITIZE_FLAGS}",
+        f"-DCMAKE_C_FLAGS={SANITIZE_FLAGS}",
+        "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g",
+        "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g",
+        f"-DCMAKE_MODULE_LINKER_FLAGS={SANITIZE_FLAGS}",
+        f"-DCMAKE_SHARED_LINKER_FLAGS={SANITIZE_FLAGS}",
+        "-DDISTKIT_CUDA=OFF",  # nvcc's host pass would need the flags too; no GPU runs them here
+    ]
+    return {
+        "SKBUILD_CMAKE_BUILD_TYPE": "RelWithDebInfo",
+        "SKBUILD_CMAKE_ARGS": ";".join(cmake_args),
+        "SKBUILD_BUILD_DIR": "build/sanitize-{wheel_tag}",
+        "SKBUILD_INSTALL_STRIP": "false",
+    }
+
+
+def sanitize_run_env(session: nox.Session, logs: Path) -> dict[str, str]:
+    """The runtime preloaded into every Python (and, inherited, every rank under mpiexec), and options
+    under which any report ends its process with a non-zero exit instead of scrolling past."""
+    runtimes = []
+    for lib in ("libasan.so", "libubsan.so"):
+        path = str(session.run("gcc", f"-print-file-name={lib}", silent=True, external=True) or "").strip()
+        if not os.path.isabs(path):
+            session.error(f"gcc does not know {lib} (install gcc's sanitizer runtimes)")
+        runtimes.append(os.path.realpath(path))
+    return {
+        "LD_PRELOAD": ":".join(runtimes),
+        # leaks: CPython and torch keep their interned objects, caches and thread pools until exit
+        # on purpose, and LSan's suppressions cannot tell those from ours, so leak checking is off
+        "ASAN_OPTIONS": ":".join(
+            [
+                "detect_leaks=0",
+                "halt_on_error=1",
+                "abort_on_error=0",
+                "exitcode=86",
+                f"suppressions={SANITIZE_SUPPRESSIONS / 'asan.supp'}",
+                f"log_path={logs / 'asan'}",
+            ]
+        ),
+        # gcc 12's UBSan writes to stderr whatever log_path says while libasan is loaded: halting
+        # makes a report fail the process (and its test) instead of vanishing into captured output
+        "UBSAN_OPTIONS": ":".join(
+            [
+                "halt_on_error=1",
+                "print_stacktrace=1",
+                "exitcode=87",
+                f"suppressions={SANITIZE_SUPPRESSIONS / 'ubsan.supp'}",
+            ]
+        ),
+        "PYTHONMALLOC": "malloc",  # Python's own buffers through malloc, where ASan sees their bounds
+    }
+
+
+@nox.session(python="3.11")
+@nox.parametrize("package", list(PACKAGES))
+def sanitize(session: nox.Session, package: str) -> None:
+    """A package's suite (its multi-rank scripts included) on wheels built with AddressSanitizer and
+    UndefinedBehaviorSanitizer; any report fails the run. CPython's and torch's own reports are
+    suppressed in ci/sanitize/, each with its reason. Extra arguments go to pytest."""
+    install_base(session, extra=tuple(TEST_REQUIREMENTS.get(package, [])))
+    optional = TEST_EXTRAS.get(package, [])
+    wheelhouse = ROOT / "build" / "wheelhouse-sanitize"
+    build_wheels(session, [package, *optional], wheelhouse, env=sanitize_build_env())
+    install_wheels(session, [package, *optional], wheelhouse)
+    logs = Path(session.create_tmp()) / "sanitizer-logs"
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir()
+    # a halting report ends pytest itself: with fd capture it would go down with pytest's buffers;
+    # -v names the test it ended in
+    session.posargs[:] = ["--capture=sys", "-v", *session.posargs]
+    run_pytest(session, [package], extra_env=sanitize_run_env(session, logs))
+    # a report in a child whose exit code a test does not look at still leaves its log here
+    reports = sorted(logs.iterdir())
+    if reports:
+        for path in reports:
+            session.log(f"--- {path.name} ---\n{path.read_text(errors='replace')[-20000:]}")
+        session.error(f"{len(reports)} AddressSanitizer report(s) under {logs}")
 
 
 def _all_test_requirements() -> list[str]:

@@ -25,7 +25,7 @@ def test_resumed_run_is_bit_identical(tmp_path: Path, recsys) -> None:
     ],
 )
 def test_bad_configuration_is_refused(tmp_path: Path, recsys, args: list[str], message: str) -> None:
-    res = run_mpi(recsys.job, 4, args=[*recsys.small, "--out", str(tmp_path), *args], timeout=120, check=False)
+    res = run_mpi(recsys.job, 4, args=[*recsys.small, "--out", str(tmp_path), *args], timeout=300, check=False)
     assert res.returncode != 0
     assert message in res.stderr
     assert "Traceback" not in res.stderr

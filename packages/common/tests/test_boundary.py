@@ -108,7 +108,7 @@ def test_collective_error_types() -> None:
 
 @pytest.mark.mpi
 def test_agree_over_mpi() -> None:
-    res = testing.run_mpi(SCRIPTS / "agree.py", 3, timeout=120)
+    res = testing.run_mpi(SCRIPTS / "agree.py", 3, timeout=300)
     assert sorted(line for line in res.stdout.splitlines() if line.endswith(" ok")) == [
         f"rank {r} ok" for r in range(3)
     ]
@@ -130,7 +130,7 @@ def _agree_gloo(rank: int, size: int, store: str) -> None:
 
 @pytest.mark.spawn
 def test_agree_over_torch_process_group() -> None:
-    testing.run_spawn(_agree_gloo, 2, timeout=120)
+    testing.run_spawn(_agree_gloo, 2, timeout=300)
 
 
 # ------------------------------------------------------------------ fsio
@@ -167,6 +167,64 @@ def test_commit_dir_refuses_and_falls_back(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(fsio._native, "exchange_paths", lambda a, b: False)
     fsio.commit_dir(tmp, target, replaceable=lambda p: True)
     assert (target / "data").read_text() == "new" and sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+class _Killed(BaseException):
+    """Stands for a SIGKILL at that point: nothing after it runs."""
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_commit_dir_killed_before_removing_the_old_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+) -> None:
+    target = tmp_path / "ckpt"
+    _folder(target, "old")
+    (target / "sub").mkdir()
+    tmp = Path(fsio.temporary_sibling(target))
+    _folder(tmp, "new")
+    fsio.claim(tmp, 0)
+    if not exchange:
+        monkeypatch.setattr(fsio._native, "exchange_paths", lambda a, b: False)
+
+    def killed(path: object) -> None:
+        raise _Killed
+
+    monkeypatch.setattr(fsio, "remove_claimed", killed)
+    with pytest.raises(_Killed):
+        fsio.commit_dir(tmp, target)
+    assert (target / "data").read_text() == "new"
+    # the swapped-out previous folder is claimed by the writer that was killed ...
+    (old,) = [p for p in tmp_path.iterdir() if p.name.startswith("ckpt.tmp-")]
+    assert (old / "data").read_text() == "old"
+    record = json.loads((old / fsio.REPLACER_MARKER).read_text())
+    assert record == fsio.owner_record()
+    # ... so once that writer is dead, the next save's clean_stale removes it
+    monkeypatch.undo()
+    (old / fsio.REPLACER_MARKER).write_text(json.dumps(dict(record, pid=_dead_pid())))
+    assert fsio.clean_stale(target) == [str(old)]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+def test_remove_claimed_removes_the_markers_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "ckpt.tmp-x"
+    _folder(folder, "data")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "f").write_text("f")
+    fsio.claim(folder, 0)
+    fsio.claim(folder, 1)
+    (folder / "z").write_text("z")
+    order: list[str] = []
+    real_unlink, real_rmtree = os.unlink, fsio.shutil.rmtree
+    monkeypatch.setattr(  # (rmtree's own unlinks, relative to a folder's fd, are not ours)
+        fsio.os, "unlink", lambda p, **kw: (kw or order.append(os.path.basename(p)), real_unlink(p, **kw))
+    )
+    monkeypatch.setattr(fsio.shutil, "rmtree", lambda p: (order.append(os.path.basename(p)), real_rmtree(p)))
+    fsio.remove_claimed(folder)
+    assert not folder.exists()
+    assert sorted(order[:3]) == ["data", "sub", "z"]
+    assert sorted(order[3:]) == [f"{fsio.MARKER_PREFIX}0.json", f"{fsio.MARKER_PREFIX}1.json"]
+    with pytest.raises(FileNotFoundError):
+        fsio.remove_claimed(folder)
 
 
 def _dead_pid() -> int:

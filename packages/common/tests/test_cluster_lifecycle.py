@@ -34,7 +34,7 @@ _CLIENT = (
 
 def _on(host: str, *cmd: str) -> str:
     return subprocess.run(
-        [*cluster.exec_prefix(host), *cmd], capture_output=True, text=True, check=True, timeout=60
+        [*cluster.exec_prefix(host), *cmd], capture_output=True, text=True, check=True, timeout=300
     ).stdout
 
 
@@ -69,7 +69,7 @@ def test_session_brings_up_named_resolvable_hosts_and_removes_everything() -> No
         assert server.stdout is not None
         port = server.stdout.readline().strip()
         _on("dkh2", sys.executable, "-c", _CLIENT, port)
-        reply = server.communicate(timeout=60)[0]
+        reply = server.communicate(timeout=300)[0]
         assert reply.split() == ["10.213.0.2", "dkh2"]
         # up is idempotent: the same healthy cluster is kept, not rebuilt
         inode = _netns_inode("dkh2")
@@ -138,7 +138,7 @@ def test_reaper_removes_the_cluster_of_a_killed_owner() -> None:
 def test_command_line_up_status_exec_down() -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-I", str(CLI), *args], capture_output=True, text=True, timeout=120, check=False
+            [sys.executable, "-I", str(CLI), *args], capture_output=True, text=True, timeout=300, check=False
         )
 
     try:

@@ -184,7 +184,7 @@ def test_export_bad_input(tmp_path: Path) -> None:
         [sys.executable, "-m", "distx_fake.checkpoint", "export", str(tmp_path / "none"), str(tmp_path / "o")],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert r.returncode == 1 and "no checkpoint" in r.stderr
 

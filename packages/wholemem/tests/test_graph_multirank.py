@@ -21,6 +21,6 @@ def shm_names() -> set[str]:
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_graph_on_ranks_equals_single_process(nprocs: int, tmp_path: Path) -> None:
     before = shm_names()
-    res = run_mpi(SCRIPTS / "worker_graph.py", nprocs, args=[str(tmp_path)], timeout=240)
+    res = run_mpi(SCRIPTS / "worker_graph.py", nprocs, args=[str(tmp_path)], timeout=300)
     assert f"worker_graph OK {nprocs}" in res.stdout
     assert shm_names() <= before, "shared-memory segments left behind"

@@ -73,7 +73,7 @@ def _groups_body(rank: int, size: int, store: str) -> None:
 
 @pytest.mark.spawn
 def test_node_group_and_split_communicators() -> None:
-    run_spawn(_groups_body, 3, timeout=150)
+    run_spawn(_groups_body, 3, timeout=300)
 
 
 def test_group_functions_bad_input() -> None:

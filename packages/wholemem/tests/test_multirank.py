@@ -21,7 +21,7 @@ def shm_names() -> set[str]:
 @pytest.mark.parametrize("nprocs", [1, 2, 3])
 def test_tensor_types(nprocs: int, tmp_path: Path) -> None:
     before = shm_names()
-    res = run_mpi(SCRIPTS / "worker_tensors.py", nprocs, args=[str(tmp_path)], timeout=180)
+    res = run_mpi(SCRIPTS / "worker_tensors.py", nprocs, args=[str(tmp_path)], timeout=300)
     assert f"worker_tensors OK {nprocs}" in res.stdout
     assert shm_names() <= before, "shared-memory segments left behind"
 
@@ -29,14 +29,14 @@ def test_tensor_types(nprocs: int, tmp_path: Path) -> None:
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 2, 3])
 def test_embedding_optimizers(nprocs: int, tmp_path: Path) -> None:
-    res = run_mpi(SCRIPTS / "worker_embedding.py", nprocs, args=[str(tmp_path)], timeout=180)
+    res = run_mpi(SCRIPTS / "worker_embedding.py", nprocs, args=[str(tmp_path)], timeout=300)
     assert f"worker_embedding OK {nprocs}" in res.stdout
 
 
 @pytest.mark.mpi
 def test_no_shm_leftovers_after_sigkill() -> None:
     before = shm_names()
-    res = run_mpi(SCRIPTS / "worker_kill.py", 2, timeout=90, check=False)
+    res = run_mpi(SCRIPTS / "worker_kill.py", 2, timeout=300, check=False)
     assert res.returncode != 0
     assert "rank 1: tensors created" in res.stdout, res.stdout + res.stderr
     assert shm_names() <= before, "a SIGKILLed run left shared memory behind"
@@ -70,7 +70,7 @@ def _pg_body(rank: int, size: int, store: str) -> None:
 
 @pytest.mark.spawn
 def test_communicator_from_process_group() -> None:
-    run_spawn(_pg_body, 2, timeout=120)
+    run_spawn(_pg_body, 2, timeout=300)
 
 
 @pytest.mark.mpi
@@ -78,6 +78,6 @@ def test_gpu_placement_and_two_nodes() -> None:
     # 3 ranks: GPU requests fail on every rank without a GPU; the GPU paths over host memory
     # (IPC-style chunk exchange, GPU NCCL routing, destroy); two simulated nodes
     before = shm_names()
-    res = run_mpi(SCRIPTS / "worker_gpu.py", 3, timeout=120)
+    res = run_mpi(SCRIPTS / "worker_gpu.py", 3, timeout=300)
     assert "worker_gpu OK 3" in res.stdout
     assert shm_names() <= before, "shared-memory segments left behind"

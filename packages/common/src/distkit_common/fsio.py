@@ -37,6 +37,8 @@ from . import _distkit_common as _native
 MARKER_PREFIX = ".distkit-owner-rank"
 #: the part of a temporary sibling's name between the target's name and the random token
 TMP_INFIX = ".tmp-"
+#: the marker :func:`commit_dir` leaves in the folder it replaces (removed with that folder)
+REPLACER_MARKER = MARKER_PREFIX + "-replacer.json"
 
 PathLike = str | os.PathLike[str]
 
@@ -180,9 +182,33 @@ def clean_stale(path: PathLike) -> list[str]:
     for n in names:
         full = os.path.join(parent, n)
         if n.startswith(prefix) and os.path.isdir(full) and not os.path.islink(full) and is_abandoned(full):
-            shutil.rmtree(full, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                remove_claimed(full)
             removed.append(full)
     return removed
+
+
+def remove_claimed(tmp: PathLike) -> None:
+    """Remove a claimed folder, its owner markers last.
+
+    A process killed midway leaves the folder still claimed by it, so that
+    :func:`clean_stale` finishes the job; removed in any order, the markers
+    could go first and leave an unmarked remainder that nobody may remove.
+
+    Raises
+    ------
+    OSError
+        If an entry cannot be removed.
+    """
+    tmp = os.fspath(tmp)
+    names = os.listdir(tmp)
+    for n in sorted(names, key=lambda n: n.startswith(MARKER_PREFIX)):  # markers last
+        full = os.path.join(tmp, n)
+        if os.path.isdir(full) and not os.path.islink(full):
+            shutil.rmtree(full)
+        else:
+            os.unlink(full)
+    os.rmdir(tmp)
 
 
 def drop_claims(path: PathLike) -> None:
@@ -232,13 +258,18 @@ def commit_dir(
     if os.path.lexists(path):
         if replaceable is not None and not replaceable(path):
             raise FileExistsError(f"{path!r} exists and is not replaceable by this save; refusing to replace it")
+        if os.path.isdir(path) and not os.path.islink(path):
+            # the previous folder, once swapped out to a temporary name, must be claimed by this
+            # process: killed before it is removed, it is then a dead writer's temporary that
+            # the next save's clean_stale removes (an unmarked one would stay for good)
+            write_file(os.path.join(path, REPLACER_MARKER), json.dumps(owner_record()).encode(), sync=False)
         if _native.exchange_paths(tmp, path):
-            shutil.rmtree(tmp)  # it now holds the previous folder
+            remove_claimed(tmp)  # it now holds the previous folder
         else:
             old = temporary_sibling(path, "old-" + secrets.token_hex(4))
             os.rename(path, old)
             os.rename(tmp, path)
-            shutil.rmtree(old)
+            remove_claimed(old)
     else:
         os.rename(tmp, path)
     drop_claims(path)
@@ -248,6 +279,7 @@ def commit_dir(
 
 __all__ = [
     "MARKER_PREFIX",
+    "REPLACER_MARKER",
     "TMP_INFIX",
     "claim",
     "clean_stale",
@@ -257,6 +289,7 @@ __all__ = [
     "is_abandoned",
     "owner_alive",
     "owner_record",
+    "remove_claimed",
     "temporary_sibling",
     "write_file",
 ]

@@ -35,6 +35,8 @@ from . import mpi_p2p
 from ._cluster_job import FAULT_DEADLINE_S, Fault, RankExit
 
 DEFAULT_TIMEOUT = 180.0
+#: seconds a spawned rank may take to start (interpreter and imports) on a loaded machine
+SPAWN_START_TIMEOUT = 600.0
 
 
 @dataclass
@@ -297,10 +299,19 @@ def _load(module: str, file: str | None, qualname: str) -> Callable[..., Any]:
     return obj
 
 
-def _spawn_entry(target: tuple[str, str | None, str], rank: int, size: int, store: str, args: tuple[Any, ...]) -> None:
+def _spawn_entry(
+    target: tuple[str, str | None, str],
+    rank: int,
+    size: int,
+    store: str,
+    args: tuple[Any, ...],
+    started: Any,
+) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(size))
     try:
         fn = _load(*target)
+        started.send(rank)  # start-up (interpreter, imports) is over: the parent's timeout begins
+        started.close()
         fn(rank, size, store, *args)
     except SystemExit as exc:
         sys.stderr.flush()
@@ -311,46 +322,79 @@ def _spawn_entry(target: tuple[str, str | None, str], rank: int, size: int, stor
         os._exit(1)
 
 
+def _await_start(procs: list[Any], readers: list[Any], start_timeout: float) -> list[str]:
+    """Wait until every rank reported that it started; the ranks that did not, as failures."""
+    from multiprocessing.connection import wait
+
+    deadline = time.monotonic() + start_timeout
+    pending = dict(enumerate(readers))
+    while pending:
+        ready = wait(list(pending.values()), max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return [f"rank {r} did not start within {start_timeout:.0f}s" for r in sorted(pending)]
+        for r, reader in list(pending.items()):
+            if reader in ready:
+                try:
+                    reader.recv()
+                except EOFError:  # the child closed its end without a word: it exited
+                    procs[r].join(60)
+                    return [f"rank {r} exited with code {procs[r].exitcode} before its body began"]
+                del pending[r]
+    return []
+
+
 def run_spawn(
     fn: Callable[..., Any],
     nprocs: int,
     *,
     args: tuple[Any, ...] = (),
     timeout: float = DEFAULT_TIMEOUT,
+    start_timeout: float = SPAWN_START_TIMEOUT,
 ) -> None:
     """Run ``fn(rank, size, store_path, *args)`` in ``nprocs`` spawned processes.
 
     ``store_path`` names a fresh file for ``torch.distributed.FileStore``
     (see :func:`init_process_group`). ``fn`` must be importable (module level).
 
+    ``timeout`` bounds the bodies: it begins when every rank has started (its
+    interpreter is up and ``fn``'s module imported), so a loaded machine that
+    takes long to start processes and import torch does not eat into it. The
+    start-up itself is bounded by ``start_timeout``.
+
     Raises
     ------
     AssertionError
-        If any child exits non-zero, or the run exceeds ``timeout`` (every
-        child is then killed and reaped).
+        If any child exits non-zero, or does not start within ``start_timeout``,
+        or the bodies run past ``timeout`` (every child is then killed and reaped).
     ValueError
-        If ``nprocs`` < 1 or ``timeout`` <= 0 (nothing is started).
+        If ``nprocs`` < 1, or ``timeout`` or ``start_timeout`` <= 0 (nothing is started).
     """
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"nprocs must be an int >= 1, got {nprocs!r}")
     if not timeout > 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    if not start_timeout > 0:
+        raise ValueError(f"start_timeout must be > 0 seconds, got {start_timeout!r}")
     ctx = mp.get_context("spawn")
     module = sys.modules.get(fn.__module__)
     target = (fn.__module__, getattr(module, "__file__", None), fn.__qualname__)
     with tempfile.TemporaryDirectory(prefix="distkit-spawn-") as tmp:
         store = os.path.join(tmp, "store")
+        pipes = [ctx.Pipe(duplex=False) for _ in range(nprocs)]
         procs = [
-            ctx.Process(target=_spawn_entry, args=(target, r, nprocs, store, args), daemon=True) for r in range(nprocs)
+            ctx.Process(target=_spawn_entry, args=(target, r, nprocs, store, args, pipes[r][1]), daemon=True)
+            for r in range(nprocs)
         ]
-        for p in procs:
-            p.start()
-        import time
-
-        deadline = time.monotonic() + timeout
         failed: list[str] = []
         try:
+            for p, (_, writer) in zip(procs, pipes, strict=True):
+                p.start()
+                writer.close()  # the child holds the only writer: a child that dies gives EOF
+            failed += _await_start(procs, [reader for reader, _ in pipes], start_timeout)
+            deadline = time.monotonic() + timeout
             for r, p in enumerate(procs):
+                if failed:
+                    break
                 p.join(max(0.0, deadline - time.monotonic()))
                 if p.is_alive():
                     failed.append(f"rank {r} timed out after {timeout:.0f}s")
@@ -363,7 +407,10 @@ def run_spawn(
                 if p.is_alive():
                     p.kill()
             for p in procs:
-                p.join(10)
+                if p.pid is not None:
+                    p.join(60)
+            for reader, _ in pipes:
+                reader.close()
         if not failed:
             failed += [f"rank {r} exited with code {p.exitcode}" for r, p in enumerate(procs) if p.exitcode != 0]
         if failed:

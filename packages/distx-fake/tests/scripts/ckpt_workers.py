@@ -73,7 +73,7 @@ def save(rank: int, size: int, path: str, mesh: object, group: object) -> None:
     fut = cp.async_save_state_dict(sd, cp.FileSystemWriter(path + "-async"), process_group=group)
     sd["model"]["rep"][0].add_(100.0)
     sd["model"]["ls"].tensor.zero_()
-    assert fut.result(timeout=60) is None
+    assert fut.result(timeout=300) is None
     dist.barrier(group=group)
     if rank == 0:
         with open(os.path.join(path, "metadata.json")) as f:

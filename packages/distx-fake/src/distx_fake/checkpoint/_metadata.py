@@ -18,6 +18,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from distkit_common import fsio
+
 from .. import _distx_fake as _native
 
 FORMAT = "distx-fake-checkpoint"
@@ -187,6 +189,9 @@ def replaceable(path: str) -> bool:
     FileExistsError
         For anything else at ``path``.
     """
-    if os.path.isdir(path) and (os.path.exists(os.path.join(path, METADATA)) or not os.listdir(path)):
+    if os.path.isdir(path) and (
+        os.path.exists(os.path.join(path, METADATA))
+        or all(n.startswith(fsio.MARKER_PREFIX) for n in os.listdir(path))  # empty, or left by a killed save
+    ):
         return True
     raise FileExistsError(f"{path!r} exists and is not a distx-fake checkpoint; refusing to replace it")
