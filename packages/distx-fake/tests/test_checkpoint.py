@@ -219,7 +219,10 @@ def test_killed_writer_leaves_previous_checkpoint(tmp_path: Path) -> None:
 CRASH_POINTS = int(os.environ.get("DISTX_CRASH_POINTS", "100"))
 
 
-@pytest.mark.xfail(reason="open: a <path>.tmp-* folder survives a completed save after a kill (first run, not yet diagnosed)", strict=False)
+@pytest.mark.xfail(
+    reason="open: a <path>.tmp-* folder survives a completed save after a kill (first run, not yet diagnosed)",
+    strict=False,
+)
 def test_writer_killed_at_random_moments_leaves_a_checkpoint_that_loads(tmp_path: Path) -> None:
     """A writer SIGKILLed at CRASH_POINTS random moments of its save: after every kill the
     checkpoint loads and verifies (checksums, closed-form values) as the previous generation or,
