@@ -105,7 +105,6 @@ class DecayingShare {
   }
   void hit() { hits_ += 1; }
   bool at_least_half() const { return hits_ >= 0.5 * events_; }
-  double value() const { return events_ > 0 ? hits_ / events_ : 1.0; }
 
  private:
   static constexpr double kDecay = 1.0 - 1.0 / 2048;
@@ -159,9 +158,6 @@ class ReuseModel {
   /// Whether replicas of keys not used in consecutive clocks pay here: while at
   /// least half of the uses of such keys were steady (at first: as AdaPM does).
   bool replicas_pay() const { return replica_uses_.at_least_half(); }
-  /// Shares of one-clock moves that got a second use here (fresh / contested keys).
-  double fresh_share() const { return fresh_.value(); }
-  double contested_share() const { return contested_.value(); }
 
  private:
   // keys never taken away from here, and keys another rank took away before
