@@ -42,6 +42,7 @@
 #include "distkit/parallel.hpp"
 #include "inbox.hpp"
 #include "ledger.hpp"
+#include "link.hpp"
 #include "node_shm.hpp"
 #include "profile.hpp"
 #include "replicas.hpp"
@@ -104,7 +105,8 @@ class DecayingShare {
     hits_ *= kDecay;
   }
   void hit() { hits_ += 1; }
-  bool at_least_half() const { return hits_ >= 0.5 * events_; }
+  bool at_least_half() const { return at_least(0.5); }
+  bool at_least(double share) const { return hits_ >= share * events_; }
 
  private:
   static constexpr double kDecay = 1.0 - 1.0 / 2048;
@@ -126,9 +128,25 @@ class ReuseModel {
   /// Whether to ask the home to move key record `m` here for a window of
   /// `window` clocks: a longer window announces several uses, and so does a
   /// key that recurs here and no other rank took from here before; else
-  /// whether most such moves of keys of its kind got a second use here.
+  /// whether enough such moves of keys of its kind got a second use here
+  /// (set_link_weight: half where engine work binds, none where bytes do).
   bool worth_moving(int64_t window, const Meta& m, bool recurs) const {
-    return window >= 2 || (recurs && !m.taken) || share(m).at_least_half();
+    return window >= 2 || (recurs && !m.taken) || share(m).at_least(needed_);
+  }
+  /// Where the engine's CPU binds (w = 0), a move (window, tell and move:
+  /// 4.5 remote accesses of engine work) pays only when the key is used again
+  /// here: half of such moves must get a second use. Where the link binds
+  /// (w = 1), a move sends the slot once against a row twice for a pull and a
+  /// push, and pays with its first use. In between, the share needed scales
+  /// with what a move costs beyond its first use's saving (row / slot: the
+  /// keys' mean bytes).
+  void set_link_weight(double w, double row, double slot) {
+    auto move = [&](double x) {
+      return IntentCosts::units(IntentCosts::kWindow, x, row, slot) + IntentCosts::units(IntentCosts::kTell, x, row, slot) +
+             IntentCosts::units(IntentCosts::kMove, x, row, slot);
+    };
+    const double first_use = 2 * IntentCosts::units(IntentCosts::kAccess, 0, row, slot);  // a pull and a push
+    needed_ = 0.5 * std::clamp((move(w) - first_use) / (move(0) - first_use), 0.0, 1.0);
   }
   /// This rank told the home to move key k here for a one-clock window at `clock`.
   void told(int64_t k, Meta& m, int64_t clock);
@@ -166,6 +184,7 @@ class ReuseModel {
   const DecayingShare& share(const Meta& m) const { return m.taken ? contested_ : fresh_; }
   static constexpr int64_t kMinHorizon = 16;
   int64_t horizon_;
+  double needed_ = 0.5;              // share of one-clock moves that must get a second use
   DecayingShare fresh_, contested_;  // one-clock moves (hit: a second use here)
   DecayingShare replica_uses_;       // uses of replicated keys (hit: steady)
   std::deque<std::pair<int64_t, int64_t>> awaiting_;  // (deadline clock, key) of moves told, in clock order
@@ -186,7 +205,7 @@ class Engine {
   /// `lengths`: every key's value length, or nullptr and `uniform_len` for one length.
   Engine(uintptr_t comm, uintptr_t coll, int64_t num_keys, const int64_t* lengths, int64_t uniform_len, int dtype,
          int num_workers, int technique, int64_t lookahead, int64_t sync_every, bool prefault, bool shared_memory,
-         const Rule& rule)
+         const Rule& rule, double link_rate = -1)
       : comm_(distkit::mpi::comm_from_handle(comm)),
         coll_(distkit::mpi::comm_from_handle(coll)),
         rank_(rank_in(comm_)),
@@ -214,6 +233,7 @@ class Engine {
     intent_round_ = intent_round_of(lookahead_, shm_.one_node());
     probe_round_ = intent_round_of(lookahead_, false);
     ledger_.init(tech_ == T_ALL && !shm_.all_reach(), lookahead_, intent_round_, size_);
+    if (ledger_.enabled()) init_link(link_rate);
     meta_ = reinterpret_cast<Meta*>(shm_.meta(rank_));
     std::uninitialized_default_construct_n(meta_, num_keys_);
     dir_.init(meta_, num_keys_, rank_, size_);
@@ -259,7 +279,9 @@ class Engine {
   /// Then the ledger (ledger.hpp): whether every intended key goes through
   /// intent (1) or only the probe keys (0), how often that changed, and the
   /// probe's recent gains and costs in remote accesses (rounded).
-  std::array<int64_t, 9> stats() const {
+  /// Then the link between hosts (link.hpp): its rate in bytes/s (0: not
+  /// weighed) and how much bytes count, in thousandths.
+  std::array<int64_t, 11> stats() const {
     return {n_local_.load(),
             n_shared_.load(),
             n_remote_.load(),
@@ -268,7 +290,9 @@ class Engine {
             ledger_.all_keys() ? 1 : 0,
             ledger_.switches(),
             static_cast<int64_t>(ledger_.gains() + 0.5),
-            static_cast<int64_t>(ledger_.costs() + 0.5)};
+            static_cast<int64_t>(ledger_.costs() + 0.5),
+            static_cast<int64_t>(link_.rate()),
+            static_cast<int64_t>(link_.weight() * 1000 + 0.5)};
   }
   /// Whether this rank reads and updates node-local peers' shards in place.
   bool shares_memory() const { return shm_.shares_peers(); }
@@ -437,6 +461,7 @@ class Engine {
   void send(int dest, int32_t type, int32_t origin, int64_t ts, const Builder& b) {
     sendq_.send(dest, type, origin, ts, b);
     prof_.sent(type, static_cast<int64_t>(b.keys.size()));
+    link_.sent(dest, sizeof(Hdr) + 2 * sizeof(int64_t) * b.keys.size() + b.vals.size());
     if (dest != rank_)
       if (Doorbell* bell = shm_.bell_of(dest)) ring(bell);
   }
@@ -457,6 +482,37 @@ class Engine {
   /// messages every clock; rounds as between nodes batch them.
   int64_t intent_round() const { return ledger_.all_keys() ? intent_round_ : probe_round_; }
   void drop_intents(const std::vector<int64_t>& drop, Outbox& ob);
+  /// Intent work `c` spent on key k, for the ledger (probe keys only).
+  void intent_cost(int64_t k, const IntentCost& c) {
+    if (!ledger_.counts(k)) return;
+    const Layout& lay = sh_.layout();
+    ledger_.cost(IntentCosts::units(c, link_.weight(), static_cast<double>(lay.row_bytes(k)),
+                                    static_cast<double>(lay.slot_bytes(k))));
+  }
+  /// The link's rate between hosts (`rate` bytes/s; < 0: measure it) and the
+  /// keys' mean row and slot bytes, for the link's weight (link.hpp).
+  void init_link(double rate) {
+    std::vector<uint8_t> off(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) off[static_cast<size_t>(r)] = r != rank_ && !shm_.reaches(rank_, r);
+    if (rate < 0) rate = LinkMeter::measure(coll_, rank_, size_, off, kTag + 1);
+    // the sums remember about as long as the ledger's
+    link_.init(rate, std::move(off), static_cast<double>(IntentLedger::kMemoryClocks) / static_cast<double>(intent_round_));
+    const Layout& lay = sh_.layout();
+    double row = 0, slot = 0;
+    const int64_t n = lay.uniform_slot() > 0 ? 1 : num_keys_;
+    for (int64_t k = 0; k < n; ++k) {
+      row += static_cast<double>(lay.row_bytes(k));
+      slot += static_cast<double>(lay.slot_bytes(k));
+    }
+    mean_row_ = row / static_cast<double>(n);
+    mean_slot_ = slot / static_cast<double>(n);
+  }
+  /// Once per intent round, before the ledger settles: the link's weight now.
+  void settle_link() {
+    if (!ledger_.enabled()) return;
+    link_.settle();
+    reuse_.set_link_weight(link_.weight(), mean_row_, mean_slot_);
+  }
   void release_replica(Meta& m, int64_t k, std::map<int, Builder>& flushes);
   void send_flushes(std::map<int, Builder>& flushes, Outbox& ob);
   void send_intent(int32_t type, const std::vector<int64_t>& keys, const std::vector<uint8_t>* replica, Outbox& ob);
@@ -503,6 +559,8 @@ class Engine {
   std::atomic<int64_t> n_told_{0}, n_classic_{0};                 // intents, per decision
   ReuseModel reuse_;                                              // progress thread only
   IntentLedger ledger_;                                           // whether intent pays (ledger.hpp)
+  LinkMeter link_;                                                // what binds between hosts (link.hpp)
+  double mean_row_ = 0, mean_slot_ = 0;                           // the keys' mean bytes
 
   std::mutex cmd_mu_;
   std::deque<Cmd> cmds_;

@@ -32,7 +32,10 @@
 // a horizon of four lookaheads) got a second use; one whose key another rank
 // took first, or that was not intended here again in time, got one. While at
 // least half of the moves of such keys got a second use, they move; else the
-// key is accessed the classic way, at its owner. The share starts at 1 (every
+// key is accessed the classic way, at its owner. (That half is where the
+// engine's CPU binds. Where the link binds a move pays with its first use,
+// and the share needed falls with the link's weight to none: link.hpp,
+// ReuseModel::set_link_weight.) The share starts at 1 (every
 // intent moves its keys, as AdaPM does), decays over the last few thousand
 // moves, and is kept apart for keys no other rank took from here before
 // (a worker's own rows, which stay for good) and keys another rank did take
@@ -97,7 +100,7 @@ inline void Engine::process_intents(int w, Outbox& ob) {
       ahead(e.keys.data(), ne, i, false);
       const int64_t k = e.keys[i];
       Meta& m = meta_[k];
-      ledger_.cost(k, IntentCosts::kWindow);
+      intent_cost(k, IntentCosts::kWindow);
       const ReuseModel::Seen seen = reuse_.note(m, e.start, e.end);
       // (state: written by this thread only)
       const bool here = m.state == OWNED || m.state == INCOMING || (m.flags & F_INCOMING);
@@ -114,7 +117,7 @@ inline void Engine::process_intents(int w, Outbox& ob) {
       if (m.state == REPLICA || (m.plain && m.state == NOT_HERE)) reuse_.note_replica_use(seen.steady);
       const bool replica = tech_ != T_ALL || window >= 2 || seen.steady || reuse_.replicas_pay();
       auto tell = [&] {  // (told: its drop must reach the home too)
-        ledger_.cost(k, IntentCosts::kTell);
+        intent_cost(k, IntentCosts::kTell);
         m.flags &= static_cast<uint8_t>(~F_UNTOLD);
         if (window < 2) reuse_.told(k, m, c);
         add.push_back(k);
@@ -202,7 +205,7 @@ inline void Engine::release_replica(Meta& m, int64_t k, std::map<int, Builder>& 
     m.state = NOT_HERE;
     m.flags &= static_cast<uint8_t>(~F_DELTA);
     if (m.dirty) {  // a clean replica has nothing to give back
-      ledger_.cost(k, IntentCosts::kFlush);
+      intent_cost(k, IntentCosts::kFlush);
       m.dirty = 0;
       flushes[m.hint].put(k, 0, sh_.delta(k), sh_.layout().row_bytes(k));
       sh_.clear_delta(k);

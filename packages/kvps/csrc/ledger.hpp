@@ -13,11 +13,12 @@
 //          classic server would have sent it to a remote home, minus each one
 //          that goes remote where the classic server would have served it near
 //          (a key homed here that another rank's intent took away);
-//   costs: the engine work intent spends on probe keys: each intent window's
+//   costs: the work intent spends on probe keys: each intent window's
 //          bookkeeping, each intent told to the home, each relocation here,
 //          each replica fetched, refreshed or flushed, weighted by what it
-//          costs relative to a remote access (IntentCosts; kvps/README.md,
-//          Benchmarks, explains how they were measured).
+//          costs relative to a remote access (IntentCosts): in engine work
+//          where the engine's CPU binds, in bytes where the link between
+//          hosts does, and in between by the link's weight (link.hpp).
 // Moving a key helps one rank and may cost another, so the choice is made on
 // the sum over all ranks: each rank sends its probe's gains and costs to the
 // others every few rounds (M_LEDGER), and every rank decides on the same sum.
@@ -52,16 +53,33 @@
 
 namespace kvps {
 
-/// What intent work costs, relative to one remote access of one key (engine
-/// time per key with KVPS_PROFILE=1 on the Zipf benchmark: README, Benchmarks).
+/// What one piece of intent work costs: engine work, relative to one remote
+/// access of one key (engine time per key with KVPS_PROFILE=1 on the Zipf
+/// benchmark: docs, kvps performance), and what it sends between hosts: rows,
+/// slots (a row and its optimizer state) and 16-byte key records.
+struct IntentCost {
+  double cpu, rows, slots, records;
+};
+
 struct IntentCosts {
-  static constexpr double kWindow = 0.5;  // one key's intent window: activation and end
-  static constexpr double kTell = 1.5;    // M_INTENT_ADD and M_INTENT_DROP at the home
-  static constexpr double kMove = 2.5;    // notice, transfer and handover of a key relocated here
-  static constexpr double kFetch = 2.0;   // grant, fetch and its response for a replica
-  static constexpr double kRsync = 1.2;   // a replica refresh with updates, and its response
-  static constexpr double kRcheck = 0.5;  // a replica refresh without updates
-  static constexpr double kFlush = 1.2;   // a released replica's updates applied at the owner
+  static constexpr IntentCost kWindow{0.5, 0, 0, 0};  // one key's intent window: activation and end
+  static constexpr IntentCost kTell{1.5, 0, 0, 2};    // M_INTENT_ADD and M_INTENT_DROP at the home
+  static constexpr IntentCost kMove{2.5, 0, 1, 3};    // notice, transfer and handover of a key relocated here
+  static constexpr IntentCost kFetch{2.0, 0, 1, 2};   // grant, fetch and its response for a replica
+  static constexpr IntentCost kRsync{1.2, 1, 1, 2};   // a replica refresh with updates, and its response
+  static constexpr IntentCost kRcheck{0.5, 0, 0, 2};  // a replica refresh without updates
+  static constexpr IntentCost kFlush{1.2, 1, 0, 1};   // a released replica's updates applied at the owner
+  /// The unit: one pull (a record out, the row and its record back) or one push.
+  static constexpr IntentCost kAccess{1.0, 1, 0, 1.5};
+  static constexpr double kRecordBytes = 16;
+
+  /// What `c` costs for a key of `row` / `slot` bytes, in remote accesses:
+  /// engine work and bytes, the bytes weighted by `w` (link.hpp).
+  static double units(const IntentCost& c, double w, double row, double slot) {
+    const double bytes = c.rows * row + c.slots * slot + c.records * kRecordBytes;
+    const double access = kAccess.rows * row + kAccess.records * kRecordBytes;
+    return (1.0 - w) * c.cpu + w * bytes / access;
+  }
 };
 
 class IntentLedger {
@@ -99,10 +117,10 @@ class IntentLedger {
   void gain(int64_t accesses) {
     if (accesses != 0) gains_.fetch_add(accesses, std::memory_order_relaxed);
   }
-  /// Progress thread: intent work spent on key k (counted for probe keys only).
-  void cost(int64_t k, double units) {
-    if (enabled_ && probe(k)) round_cost_ += units;
-  }
+  /// Progress thread: whether intent work on key k is counted (probe keys).
+  bool counts(int64_t k) const { return enabled_ && probe(k); }
+  /// Progress thread: intent work spent on a probe key, in remote accesses.
+  void cost(double units) { round_cost_ += units; }
 
   /// Progress thread, once per intent round: fold the round in and decide.
   /// Returns whether to send this rank's sums to the others now (share()).
@@ -172,13 +190,15 @@ class IntentLedger {
   double costs() const { return shown_cost_.load(std::memory_order_relaxed); }
   int64_t switches() const { return switches_.load(std::memory_order_relaxed); }
 
- private:
+ public:
   // The sums' memory while intent is on, and how long a judgment waits after
   // the lookahead: long enough for keys moved here to be used here again a few
   // times (a move is paid once; what it saves comes with every later use while
   // the key stays), so that the burst of first moves is not judged alone.
   static constexpr int64_t kMemoryClocks = 128;
   static constexpr int64_t kMinClocks = 64;
+
+ private:
   static constexpr double kLeave = 0.9, kReturn = 1.25;  // (a change costs moves: only for a clear gain)
   static constexpr int64_t kShareClocks = 4;  // how often a rank sends its sums (M_LEDGER)
   static constexpr int64_t kDuty = 8, kMaxDuty = 64, kMinSlice = 16;  // the paused probe: 1 slice of clocks in duty_

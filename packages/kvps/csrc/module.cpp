@@ -92,20 +92,22 @@ PYBIND11_MODULE(_kvps, m) {
   py::class_<Engine>(m, "Engine")
       .def(py::init([](uintptr_t comm, uintptr_t coll, int64_t num_keys, uintptr_t lengths, int64_t uniform_len,
                        int dtype, int workers, int technique, int64_t lookahead, int64_t sync_every, bool prefault,
-                       bool shared_memory, int rule, double lr, double eps, double beta1, double beta2) {
+                       bool shared_memory, int rule, double lr, double eps, double beta1, double beta2,
+                       double link_rate) {
+             nogil g;  // (collective: the link probe may take a fraction of a second)
              return new Engine(comm, coll, num_keys, ptr<const int64_t>(lengths), uniform_len, dtype, workers,
                                technique, lookahead, sync_every, prefault, shared_memory,
-                               kvps::Rule{rule, lr, eps, beta1, beta2});
+                               kvps::Rule{rule, lr, eps, beta1, beta2}, link_rate);
            }),
            py::arg("comm"), py::arg("coll"), py::arg("num_keys"), py::arg("lengths"), py::arg("uniform_len"),
            py::arg("dtype"),
            py::arg("num_workers"), py::arg("technique"), py::arg("lookahead"), py::arg("sync_every") = 1,
            py::arg("prefault") = false, py::arg("shared_memory") = true, py::arg("rule") = 0, py::arg("lr") = 0.0,
-           py::arg("eps") = 0.0, py::arg("beta1") = 0.0, py::arg("beta2") = 0.0)
+           py::arg("eps") = 0.0, py::arg("beta1") = 0.0, py::arg("beta2") = 0.0, py::arg("link_rate") = -1.0)
       .def("stats",
            [](Engine& e) {
              auto s = e.stats();
-             return py::make_tuple(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8]);
+             return py::make_tuple(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10]);
            })
       .def_property_readonly("shares_memory", &Engine::shares_memory)
       .def_property_readonly("rank", &Engine::rank)

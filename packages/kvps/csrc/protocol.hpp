@@ -18,6 +18,7 @@ inline void Engine::loop() {
   std::vector<char> rbuf;  // (small messages, received and handled at once)
   Doorbell* bell = shm_.bell();
   auto handle = [this](int src, const char* buf, int64_t bytes) {
+    link_.received(src, static_cast<size_t>(bytes));
     const auto t0 = prof_.begin();
     handle_msg(src, buf);
     prof_.record(view(buf).h.type, t0, bytes);
@@ -126,8 +127,10 @@ inline void Engine::handle_cmd(Cmd& c) {
       // advance_clock refreshes replicas every sync_every clocks
       sync_round(c.a % sync_every_ == 0, false, ob);
       // (not to peers of a failed job: one may be gone)
-      if (c.worker == 0 && c.a % intent_round_ == 0 && ledger_.settle() && !shutting_down_ && !reqs_.failed())
-        share_ledger();
+      if (c.worker == 0 && c.a % intent_round_ == 0) {
+        settle_link();
+        if (ledger_.settle() && !shutting_down_ && !reqs_.failed()) share_ledger();
+      }
       if (c.worker == 0) reuse_.expire(c.a, meta_);
       finish(ob);
       {
@@ -369,7 +372,7 @@ inline void Engine::on_fetch_resp(int src, const MsgView& m) {
     r.lock.lock();
     if (r.state == NOT_HERE && r.want > 0 && !shutting_down_) reps_.install(dir_, sh_, k, v, static_cast<uint32_t>(m.pos[i]));
     r.lock.unlock();
-    ledger_.cost(k, IntentCosts::kFetch);
+    intent_cost(k, IntentCosts::kFetch);
     v += sh_.layout().slot_bytes(k);
   }
   reqs_.complete(m.h.ts, m.h.n);
@@ -386,7 +389,7 @@ inline void Engine::on_rsync_resp(int src, const MsgView& m) {
     r.lock.lock();
     if (r.state == REPLICA) reps_.refresh(r, sh_, k, v, static_cast<uint32_t>(m.pos[i]));
     r.lock.unlock();
-    ledger_.cost(k, IntentCosts::kRsync);
+    intent_cost(k, IntentCosts::kRsync);
     v += sh_.layout().slot_bytes(k);
   }
   reqs_.complete(m.h.ts, m.h.n);
@@ -396,7 +399,7 @@ inline void Engine::on_rcheck_resp(int src, const MsgView& m) {
   for (int64_t i = 0; i < m.h.n; ++i) {
     meta_[m.keys[i]].hint = src;
     meta_[m.keys[i]].flags &= static_cast<uint8_t>(~F_SYNCING);
-    ledger_.cost(m.keys[i], IntentCosts::kRcheck);
+    intent_cost(m.keys[i], IntentCosts::kRcheck);
   }
   reqs_.complete(m.h.ts, m.h.n);
 }
@@ -520,7 +523,7 @@ inline void Engine::handover(int64_t k, const char* v, uint32_t ver, Outbox& ob)
   // a replica turning owner applies the updates it had not shipped yet
   if (replica_updates) sh_.apply_delta(k);
   prof_.arrived(k);
-  ledger_.cost(k, IntentCosts::kMove);
+  intent_cost(k, IntentCosts::kMove);
   if (m.flags & F_NOTICED) {
     m.flags &= static_cast<uint8_t>(~F_NOTICED);
     --noticed_pending_;

@@ -142,6 +142,29 @@ def test_server_rejects_bad_value_lengths() -> None:
         kvps.Server(3, shared_memory="yes")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("rate", ["fast", "1", "-5gbit", "1e3gbit", "2tbit"])
+def test_server_rejects_a_bad_link_rate(monkeypatch: pytest.MonkeyPatch, rate: str) -> None:
+    kvps.setup(5, 1, "all")
+    monkeypatch.setenv("KVPS_LINK_RATE", rate)
+    with pytest.raises(ValueError, match="KVPS_LINK_RATE"):
+        kvps.Server(3)
+
+
+def test_link_rate_reads_tc_syntax(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvps._server import link_rate
+
+    monkeypatch.delenv("KVPS_LINK_RATE", raising=False)
+    assert link_rate() == -1.0  # measured when the server starts
+    for text, want in [("1gbit", 125e6), ("100mbit", 12.5e6), ("125MBps", 125e6), ("off", 0.0), ("0", 0.0)]:
+        monkeypatch.setenv("KVPS_LINK_RATE", text)
+        assert link_rate() == want, text
+    monkeypatch.setenv("KVPS_LINK_RATE", "1gbit")
+    kvps.setup(5, 1, "all")
+    s = kvps.Server(3)  # one rank: nothing crosses hosts, the link is not weighed
+    assert s.stats()["link_rate"] == 0 and s.stats()["link_weight"] == 0.0
+    s.shutdown()
+
+
 def test_worker_takes_adapm_keyword_names() -> None:
     """AdaPM's bindings.cc names: pull_sample(id, keys, vals, async), the async flag of pull/push/set/localize.
 
@@ -230,6 +253,13 @@ def test_relocation_sticks() -> None:
     to a later intender; sums exact under concurrent pushes (3 ranks, messages only)."""
     res = run_mpi(str(SCRIPTS / "sticky.py"), 3, timeout=300)
     assert "sticky ok" in res.stdout, res.stdout
+
+
+@pytest.mark.mpi
+def test_link_weight_moves_one_off_keys_where_the_link_binds() -> None:
+    """The link is measured at start-up; where bytes bind, one-off keys keep moving and intent stays on."""
+    res = run_mpi(str(SCRIPTS / "link_weight.py"), 2, timeout=300)
+    assert "link weight ok" in res.stdout, res.stdout
 
 
 @pytest.mark.mpi

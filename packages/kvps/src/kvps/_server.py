@@ -29,6 +29,31 @@ _DTYPES = {getattr(torch, name): code for name, code in _kvps.VALUE_DTYPES.items
 _PULL, _PUSH, _SET = _kvps.PULL, _kvps.PUSH, _kvps.SET
 
 
+def link_rate() -> float:
+    """The link rate between hosts that ``KVPS_LINK_RATE`` gives, in bytes/s.
+
+    tc's syntax (``"1gbit"``, ``"100mbit"``, ``"125MBps"``); ``"off"`` (or
+    ``"0"``) weighs no bytes, so the ledger judges intent by engine work alone;
+    unset, -1: the server measures the link when it starts.
+
+    Raises
+    ------
+    ValueError
+        If ``KVPS_LINK_RATE`` is not a rate.
+    """
+    text = os.environ.get("KVPS_LINK_RATE", "").strip()
+    if not text:
+        return -1.0
+    if text.lower() in ("0", "off"):
+        return 0.0
+    from distkit_common.cluster import parse_rate
+
+    try:
+        return parse_rate(text) / 8
+    except ValueError as e:
+        raise ValueError(f"KVPS_LINK_RATE: {e}") from None
+
+
 @dataclass
 class _Config:
     num_keys: int
@@ -233,6 +258,7 @@ class Server:
                 "kvps needs MPI_THREAD_MULTIPLE; mpi4py initialised MPI with a lower thread level "
                 "(do not set mpi4py.rc.thread_level below 'multiple')"
             )
+        rate = link_rate()
         base = MPI.COMM_WORLD if comm is None else comm
         self._comm = base.Dup()
         self._coll = base.Dup()
@@ -250,6 +276,7 @@ class Server:
             bool(prefault),
             shared_memory,
             *rule,
+            rate,
         )
         rule_desc = optimizer.to_dict() if optimizer is not None else {"name": "add"}
         self._shard = LocalShard(self._engine, self._coll, self.lengths, dtype, rule_desc)
@@ -278,7 +305,7 @@ class Server:
         """Whether this rank reads and updates node-local peers' shards in place."""
         return bool(self._engine.shares_memory)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | float]:
         """How this rank's workers' keys were served so far, and what became of their intents.
 
         Returns
@@ -296,8 +323,15 @@ class Server:
             it saves); ``intent_switches``: how often that changed;
             ``intent_probe_gain`` / ``intent_probe_cost``: the probe sample's
             recent gains and costs, in remote accesses of one key.
+            ``link_rate``: the rate of the link between hosts in bytes/s,
+            measured when the server started (or ``KVPS_LINK_RATE``; 0 where
+            intent is not weighed against it: one host, or a technique other
+            than ``"all"``); ``link_weight``: how much the bytes intent saves
+            and sends count against its engine work, from 0 (the engine's CPU
+            binds) to 1 (the link does).
         """
-        loc, shared, remote, moved, classic, all_keys, switches, gain, cost = self._engine.stats()
+        s = self._engine.stats()
+        loc, shared, remote, moved, classic, all_keys, switches, gain, cost = s[:9]
         return {
             "local": int(loc),
             "shared": int(shared),
@@ -308,6 +342,8 @@ class Server:
             "intent_switches": int(switches),
             "intent_probe_gain": int(gain),
             "intent_probe_cost": int(cost),
+            "link_rate": int(s[9]),
+            "link_weight": s[10] / 1000,
         }
 
     def my_rank(self) -> int:

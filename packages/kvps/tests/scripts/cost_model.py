@@ -23,6 +23,7 @@ pause.
 from __future__ import annotations
 
 import faulthandler
+import os
 
 import numpy as np
 from _settle import settle_and_check_sums
@@ -31,6 +32,8 @@ from mpi4py import MPI
 import kvps
 
 faulthandler.dump_traceback_later(100)
+# what is checked is the judgment by engine work (link_weight.py: where the link binds)
+os.environ["KVPS_LINK_RATE"] = "off"
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 assert size == 2
