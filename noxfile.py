@@ -187,6 +187,9 @@ def run_pytest(
             str(ROOT),
             "--timeout",
             "900",
+            # the slowest tests: CI must stay under 30 minutes on 2 cores
+            "--durations",
+            "15",
             "-m",
             markers,
             *(arg for plugin in plugins for arg in ("-p", plugin)),
