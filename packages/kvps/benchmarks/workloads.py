@@ -122,6 +122,37 @@ def uses_per_stay(batches_of: BatchesOf, nk: int, ahead: int) -> float:
     return accesses / max(1, stays)
 
 
+def wire_model(batches_of: BatchesOf, nk: int, steps: int, home: np.ndarray | None = None) -> tuple[float, float]:
+    """Rows crossing between hosts over ``steps`` steps, one rank per host: the classic server and the
+    paid-move oracle.
+
+    The model counts what binds where the link does: an access of a key homed on
+    another rank sends its row twice (the pull's answer and the push), a move sends
+    it once. Classic: every use away from the key's home (``home``, default the hash
+    home k % size) costs 2. The paid-move oracle knows every rank's batches in
+    advance and, per key, chooses where the key is before each use (a shortest path
+    over the ranks, step by step): a use where the key is costs nothing, a use
+    elsewhere 2, a move 1. Unlike :func:`oracle_placement`'s placement (free moves,
+    kept for the run), it pays every move, as any relocation must: it bounds what
+    intent can reach where the link binds. Returns (classic rows, oracle rows).
+    """
+    home = np.arange(nk) % size if home is None else home
+    cost = np.full((nk, size), np.inf, dtype=np.float64)
+    cost[np.arange(nk), home] = 0.0
+    classic = 0.0
+    per_rank = [batches_of(r) for r in range(size)]
+    for t in range(steps):
+        for r in range(size):
+            b = per_rank[r][t]
+            classic += 2.0 * float(np.count_nonzero(home[b] != r))
+            sub = cost[b]
+            sub = np.minimum(sub, sub.min(axis=1, keepdims=True) + 1.0)  # a move before the use
+            sub += 2.0
+            sub[:, r] -= 2.0  # (here: no transfer)
+            cost[b] = sub
+    return classic, float(cost.min(axis=1).sum())
+
+
 def oracle_placement(batches_of: BatchesOf, nk: int, hosts: list[str]) -> tuple[np.ndarray, int]:
     """New key ids that home every key where the whole run's accesses to it are cheapest.
 
@@ -152,11 +183,13 @@ def oracle_placement(batches_of: BatchesOf, nk: int, hosts: list[str]) -> tuple[
     return new, int(size * per_home.max())
 
 
-def zipf_warm(steps: int) -> int:
+def zipf_warm(steps: int, ahead: int = 16) -> int:
     """Steps before the timed part of a run: the steady state of a long run is measured,
-    after the first touches of the arenas and after intent's ledger has judged whether intent
-    pays (it needs about 100 clocks at a lookahead of 16: README, How it works)."""
-    return steps // 3
+    after the first touches of the arenas and after intent's ledger has first judged whether
+    intent pays (clock ``kvps._kvps.ledger_first_judgement(ahead)``: 84 at a lookahead of 16)
+    and a few more clocks; at least a third of the run, at most half."""
+    judged = kvps._kvps.ledger_first_judgement(ahead) + 16
+    return min(max(steps // 3, judged), steps // 2)
 
 
 def wire_bytes() -> int:
@@ -208,7 +241,7 @@ def run_steps(
     t0 = c0 = 0.0
     n0 = 0
     s0: dict[str, int] = {}
-    warm = zipf_warm(steps)
+    warm = zipf_warm(steps, ahead)
     for i in range(steps):
         if i == warm:
             # kvps's barrier sleeps while it waits; mpi4py's Barrier spins in Open MPI's

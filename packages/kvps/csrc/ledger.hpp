@@ -101,7 +101,7 @@ class IntentLedger {
   /// clocks per settle() call.
   void init(bool enabled, int64_t lookahead, int64_t round, int size) {
     enabled_ = enabled;
-    warm_rounds_ = (lookahead + kMinClocks + round - 1) / round + 1;
+    warm_rounds_ = first_judgement(lookahead, round) / round;
     // the sums cover about kMemoryClocks clocks (at least two rounds) ...
     all_decay_ = 1.0 - 1.0 / std::max<double>(2.0, static_cast<double>(kMemoryClocks) / static_cast<double>(round));
     hold_until_ = warm_rounds_;
@@ -112,6 +112,11 @@ class IntentLedger {
     peer_cost_.assign(static_cast<size_t>(size), 0);
   }
   bool enabled() const { return enabled_; }
+  /// The clock of the first judgement (a multiple of `round`): the lookahead
+  /// plus kMinClocks, and one round more.
+  static int64_t first_judgement(int64_t lookahead, int64_t round) {
+    return ((lookahead + kMinClocks + round - 1) / round + 1) * round;
+  }
 
   /// Workers: net accesses of probe keys served near instead of remote (may be negative).
   void gain(int64_t accesses) {

@@ -58,6 +58,13 @@ PYBIND11_MODULE(_kvps, m) {
         return out;
       },
       py::arg("keys"), "Which keys are the intent ledger's probe keys (ledger.hpp), as a bool array.");
+  m.def(
+      "ledger_first_judgement",
+      [](int64_t lookahead) {
+        return kvps::IntentLedger::first_judgement(lookahead, kvps::intent_round_of(lookahead, false));
+      },
+      py::arg("lookahead"),
+      "The clock at which the intent ledger first judges whether intent pays, between hosts (ledger.hpp).");
   py::dict rules;
   rules["add"] = static_cast<int>(kvps::R_ADD);
   rules["sgd"] = static_cast<int>(kvps::R_SGD);

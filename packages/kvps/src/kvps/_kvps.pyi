@@ -14,6 +14,7 @@ TECHNIQUES: dict[str, int]
 KEY_STATES: dict[str, int]
 
 def probe_keys(keys: npt.ArrayLike) -> npt.NDArray[np.bool_]: ...
+def ledger_first_judgement(lookahead: int) -> int: ...
 
 RULES: dict[str, int]
 VALUE_DTYPES: dict[str, int]
