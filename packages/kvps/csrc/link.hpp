@@ -109,8 +109,8 @@ class LinkMeter {
     };
     for (int bytes = kProbeMinBytes;; bytes *= 4) {
       const double t = exchange(bytes);
-      // the first block of a size may run at half the rate (TCP's window still
-      // opening at 100 Mbit/s: 6.4 against 12.5 MB/s): the better of two
+      // the first block of its size ran at half the rate at 100 Mbit/s (6.4
+      // against 12.5 MB/s), a second one at the full rate: the better of two
       if (t >= kProbeSeconds || bytes >= kProbeMaxBytes) return static_cast<double>(bytes) / std::min(t, exchange(bytes));
     }
   }
