@@ -264,6 +264,75 @@ def test_clean_stale_removes_only_provably_dead_writers(tmp_path: Path) -> None:
     ]
 
 
+def test_claim_creates_the_folder_claimed_or_joins_it(tmp_path: Path) -> None:
+    tmp = tmp_path / "sub" / "ckpt.tmp-x"  # the parent is created too
+    fsio.claim(tmp, 0)
+    assert os.listdir(tmp) == [f"{fsio.MARKER_PREFIX}0.json"]
+    assert json.loads((tmp / f"{fsio.MARKER_PREFIX}0.json").read_text()) == fsio.owner_record()
+    (tmp / "rank0.bin").write_bytes(b"x")
+    fsio.claim(tmp, 1)  # another rank joins the folder rank 0 made
+    assert sorted(os.listdir(tmp)) == [f"{fsio.MARKER_PREFIX}0.json", f"{fsio.MARKER_PREFIX}1.json", "rank0.bin"]
+    assert os.listdir(tmp_path / "sub") == ["ckpt.tmp-x"]  # no folder of the making is left
+    (tmp_path / "ckpt.tmp-file").write_text("not a folder")
+    with pytest.raises(NotADirectoryError):
+        fsio.claim(tmp_path / "ckpt.tmp-file", 0)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.tmp-file", "sub"]
+
+
+_CLAIM_KILLED = """
+import os, signal, sys
+from distkit_common import fsio
+fsio.write_file = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+fsio.claim(sys.argv[1], 0)
+"""
+
+
+def test_claim_killed_before_its_marker_leaves_a_folder_that_clean_stale_removes(tmp_path: Path) -> None:
+    target = tmp_path / "ckpt"
+    proc = subprocess.run([sys.executable, "-c", _CLAIM_KILLED, str(target) + ".tmp-x"], timeout=300)
+    assert proc.returncode == -9
+    # the writer died with its folder made and no marker in it: the folder's name records it
+    (left,) = tmp_path.iterdir()
+    assert left.name.startswith("ckpt.tmp-x" + fsio.OWNED_INFIX) and list(left.iterdir()) == []
+    # a live writer's folder in that state, another host's and one of this host before a reboot
+    alive = Path(fsio._owned_name(str(target) + ".tmp-alive"))
+    m = fsio._OWNED.search(alive.name)
+    assert m is not None
+    other_host = alive.name[: m.start("host")] + "0" * 8 + alive.name[m.end("host") :]
+    other_boot = alive.name[: m.start("boot")] + "0" * 8 + alive.name[m.end("boot") :]
+    for p in (alive, tmp_path / other_host, tmp_path / other_boot):
+        p.mkdir()
+    removed = sorted(Path(p).name for p in fsio.clean_stale(target))
+    assert removed == sorted([left.name, other_boot])
+    assert sorted(os.listdir(tmp_path)) == sorted([alive.name, other_host])
+
+
+def test_remove_claimed_killed_before_the_folder_went_leaves_it_tied_to_the_remover(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "ckpt"
+    folder = tmp_path / "ckpt.tmp-x"
+    _folder(folder, "data")
+    (folder / f"{fsio.MARKER_PREFIX}0.json").write_text(json.dumps(dict(fsio.owner_record(), pid=_dead_pid())))
+
+    def killed(path: object) -> None:
+        raise _Killed
+
+    monkeypatch.setattr(fsio.os, "rmdir", killed)
+    with pytest.raises(_Killed):
+        fsio.remove_claimed(folder)
+    monkeypatch.undo()
+    (left,) = tmp_path.iterdir()  # empty, but its name records the remover
+    assert left.name.startswith("ckpt.tmp-x" + fsio.OWNED_INFIX) and list(left.iterdir()) == []
+    assert fsio.clean_stale(target) == []  # ... which still runs (this process)
+    m = fsio._OWNED.search(left.name)
+    assert m is not None
+    dead = left.with_name(left.name[: m.start("pid")] + str(_dead_pid()) + left.name[m.end("pid") :])
+    left.rename(dead)  # as if the remover had been another process, since killed
+    assert fsio.clean_stale(target) == [str(dead)]
+    assert os.listdir(tmp_path) == []
+
+
 def test_fsync_path_errors(tmp_path: Path) -> None:
     fsio.fsync_path(tmp_path)
     with pytest.raises(FileNotFoundError):

@@ -6,14 +6,23 @@ one, never a half-written one, even if a writer is killed. The recipe:
 
 1. write everything into a temporary sibling ``<path>.tmp-<random>``
    (:func:`temporary_sibling`), each writer first leaving an owner marker in it
-   (:func:`claim`: host, boot id, pid and process start time);
+   (:func:`claim`: host, boot id, pid and process start time). :func:`claim`
+   also creates the folder, and never lets it exist unclaimed, even for a
+   moment: it is made under a name that records its creator
+   (``<tmp>.own-<pid>-<start>-<host and boot hashes>-<random>``), given its
+   marker there and renamed into place; a writer joining a folder another one
+   made moves its finished marker in by a rename. (Made first and claimed
+   after, a writer killed in between left an empty folder that no record
+   tied to a dead process, and that no save could ever remove.)
 2. make the files durable (:func:`write_file` or the caller's own ``fsync``);
 3. :func:`commit_dir`: fsync the folder, swap it with ``path`` atomically
    (``renameat2(RENAME_EXCHANGE)`` where the filesystem has it, else two
    renames with a tiny window without ``path``), remove the previous folder,
    fsync the parent, drop the markers;
 4. before the next save, :func:`clean_stale` removes the temporary siblings
-   left by writers that provably died.
+   left by writers that provably died. :func:`remove_claimed` renames a folder
+   to a name recording the remover before it drops the last marker, so a
+   remover killed there leaves a folder that is still tied to a dead process.
 
 "Provably dead" is decided on the writer's own host only: the marker names a
 host, and a folder whose writer ran on another host (a shared filesystem in a
@@ -23,8 +32,11 @@ cluster) is never removed, since this host cannot see that process.
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -39,6 +51,10 @@ MARKER_PREFIX = ".distkit-owner-rank"
 TMP_INFIX = ".tmp-"
 #: the marker :func:`commit_dir` leaves in the folder it replaces (removed with that folder)
 REPLACER_MARKER = MARKER_PREFIX + "-replacer.json"
+#: what :func:`claim` and :func:`remove_claimed` append to a folder's name to record the process that
+#: creates or removes it: ``.own-<pid>-<start>-<8 hex of the host name><8 hex of the boot id>-<random>``
+OWNED_INFIX = ".own-"
+_OWNED = re.compile(r"\.own-(?P<pid>[0-9]+)-(?P<start>[0-9]*)-(?P<host>[0-9a-f]{8})(?P<boot>[0-9a-f]{8})-[0-9a-f]+$")
 
 PathLike = str | os.PathLike[str]
 
@@ -111,15 +127,69 @@ def owner_record() -> dict[str, Any]:
     return {"host": socket.gethostname(), "boot_id": _boot_id(), "pid": pid, "start": _proc_start(pid) or ""}
 
 
+def _tag(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+
+
+def _owned_name(folder: str) -> str:
+    """``folder``'s name (without an earlier owner suffix) followed by one that records this process."""
+    rec = owner_record()
+    base = _OWNED.sub("", folder)
+    tags = _tag(rec["host"]) + _tag(rec["boot_id"])
+    return f"{base}{OWNED_INFIX}{rec['pid']}-{rec['start']}-{tags}-{secrets.token_hex(2)}"
+
+
+def _name_owner(folder: str) -> dict[str, Any] | None:
+    """The owner record a folder's name holds (see :data:`OWNED_INFIX`), in the form
+    :func:`owner_alive` takes, or ``None`` if the name holds none."""
+    m = _OWNED.search(os.path.basename(folder))
+    if m is None:
+        return None
+    here = owner_record()
+    same_host = m["host"] == _tag(here["host"])
+    return {
+        "host": here["host"] if same_host else None,  # another host's (or an unknown) writer stays alive
+        "boot_id": here["boot_id"] if m["boot"] == _tag(here["boot_id"]) else "other-boot-" + m["boot"],
+        "pid": int(m["pid"]),
+        "start": m["start"],
+    }
+
+
 def claim(tmp: PathLike, rank: int) -> None:
-    """Record in ``tmp`` that this process (as ``rank``) writes into it.
+    """Create ``tmp`` unless it exists, and record in it that this process (as ``rank``) writes into it.
+
+    ``tmp`` is never, not even for a moment, a folder without a complete marker:
+    it is created under a name that records this process (:data:`OWNED_INFIX`),
+    given its marker there and renamed into place; if ``tmp`` exists already
+    (another rank made it), the finished marker is moved into it by a rename.
+    A process killed at any point leaves only folders that :func:`clean_stale`
+    can tie to it. Missing parent folders are created.
 
     Raises
     ------
     OSError
-        If the marker cannot be written.
+        If the folder or the marker cannot be made (``NotADirectoryError`` if
+        ``tmp`` is a file).
     """
-    write_file(os.path.join(tmp, f"{MARKER_PREFIX}{int(rank)}.json"), json.dumps(owner_record()).encode(), sync=False)
+    tmp = os.fspath(tmp)
+    marker = f"{MARKER_PREFIX}{int(rank)}.json"
+    staging = _owned_name(tmp)
+    os.makedirs(os.path.dirname(staging) or ".", exist_ok=True)
+    os.mkdir(staging)
+    try:
+        write_file(os.path.join(staging, marker), json.dumps(owner_record()).encode(), sync=False)
+        try:
+            os.rename(staging, tmp)  # tmp appears with its marker (an empty tmp is replaced)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+        os.replace(os.path.join(staging, marker), os.path.join(tmp, marker))
+        os.rmdir(staging)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            remove_claimed(staging)
+        raise
 
 
 def owner_alive(record: Any) -> bool:
@@ -145,22 +215,32 @@ def owner_alive(record: Any) -> bool:
 
 
 def is_abandoned(tmp: PathLike) -> bool:
-    """True if every writer that claimed ``tmp`` is provably dead (see :func:`owner_alive`).
+    """True if every writer recorded for ``tmp`` is provably dead (see :func:`owner_alive`).
 
-    A folder with no marker (foreign, or created a moment ago) is not abandoned.
+    The records are the owner markers in it and, for a folder being created by
+    :func:`claim` or removed by :func:`remove_claimed`, its name. A folder
+    recording nobody (foreign) is not abandoned, nor is one with an unreadable
+    marker, unless its name records a dead process (only that process can have
+    written a marker there that is not yet complete).
     """
+    tmp = os.fspath(tmp)
     try:
         names = [n for n in os.listdir(tmp) if n.startswith(MARKER_PREFIX)]
     except OSError:
         return False
-    if not names:
+    by_name = _name_owner(tmp)
+    if by_name is None and not names:
+        return False
+    if by_name is not None and owner_alive(by_name):
         return False
     for n in names:
         try:
             with open(os.path.join(tmp, n), encoding="utf-8") as f:
                 rec = json.load(f)
         except (OSError, ValueError):
-            return False
+            if by_name is None:
+                return False
+            continue
         if owner_alive(rec):
             return False
     return True
@@ -191,24 +271,35 @@ def clean_stale(path: PathLike) -> list[str]:
 def remove_claimed(tmp: PathLike) -> None:
     """Remove a claimed folder, its owner markers last.
 
-    A process killed midway leaves the folder still claimed by it, so that
-    :func:`clean_stale` finishes the job; removed in any order, the markers
-    could go first and leave an unmarked remainder that nobody may remove.
+    A process killed midway leaves the folder still claimed, so that
+    :func:`clean_stale` finishes the job: everything but the markers goes
+    first, then the folder is renamed to a name recording this process
+    (:data:`OWNED_INFIX`), then the markers and the folder go. Removed in any
+    order, the markers could go first and leave an unmarked remainder that
+    nobody may remove; and without the rename, a kill between the last marker
+    and the folder itself left an empty folder tied to no process.
 
     Raises
     ------
     OSError
-        If an entry cannot be removed.
+        If an entry cannot be removed (``FileNotFoundError`` if ``tmp`` does not exist).
     """
     tmp = os.fspath(tmp)
     names = os.listdir(tmp)
-    for n in sorted(names, key=lambda n: n.startswith(MARKER_PREFIX)):  # markers last
+    markers = [n for n in names if n.startswith(MARKER_PREFIX)]
+    for n in names:
+        if n in markers:
+            continue
         full = os.path.join(tmp, n)
         if os.path.isdir(full) and not os.path.islink(full):
             shutil.rmtree(full)
         else:
             os.unlink(full)
-    os.rmdir(tmp)
+    owned = _owned_name(tmp)
+    os.rename(tmp, owned)
+    for n in markers:
+        os.unlink(os.path.join(owned, n))
+    os.rmdir(owned)
 
 
 def drop_claims(path: PathLike) -> None:
@@ -279,6 +370,7 @@ def commit_dir(
 
 __all__ = [
     "MARKER_PREFIX",
+    "OWNED_INFIX",
     "REPLACER_MARKER",
     "TMP_INFIX",
     "claim",

@@ -92,7 +92,7 @@ def save(shard: LocalShard, path: Any) -> None:
     tmp = fsio.temporary_sibling(target, collective.bcast_json(secrets.token_hex(8) if rank == 0 else None, comm))
     with collective.all_ranks(comm, f"kvps save: creating {tmp}"):
         if rank == 0:
-            os.makedirs(tmp)
+            fsio.claim(tmp, 0)  # creates tmp, never leaving it unclaimed (a kill in between would)
     keys = shard.owned_keys()
     err: BaseException | None = None
     try:

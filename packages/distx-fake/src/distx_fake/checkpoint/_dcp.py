@@ -209,8 +209,7 @@ class DcpWriterMixin:
             pass  # cleanup is best effort; the save itself must not fail for it
         token = secrets.token_hex(8)
         tmp = fsio.temporary_sibling(self.path, token)
-        os.makedirs(tmp)
-        fsio.claim(tmp, 0)
+        fsio.claim(tmp, 0)  # creates tmp, never leaving it unclaimed (a kill in between would)
         return [dataclasses.replace(p, storage_data=_RankFile(token, f"rank{i}.bin")) for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:

@@ -152,8 +152,7 @@ def save(
     bar = progress(writer.progress, comm.rank, total * comm.size, "save")
     if err is None:
         try:
-            os.makedirs(tmp, exist_ok=True)
-            fsio.claim(tmp, comm.rank)
+            fsio.claim(tmp, comm.rank)  # creates tmp, never leaving it unclaimed (a kill in between would)
             chunks = write_chunks(
                 os.path.join(tmp, f"rank{comm.rank}.bin"),
                 ((path, box.local, box.global_shape, box.offsets) for path, box in items),
