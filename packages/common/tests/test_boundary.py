@@ -350,3 +350,16 @@ def test_launch_node_and_slurm_counts() -> None:
     slurm = {"SLURM_PROCID": "6", "SLURM_NTASKS": "7", "SLURM_LOCALID": "0", "SLURM_NODEID": "3"}
     assert launch_info(dict(slurm, SLURM_TASKS_PER_NODE="2(x3),1")) == LaunchInfo("slurm", 6, 7, 0, 1, 3)
     assert launch_info(dict(slurm, SLURM_TASKS_PER_NODE="2(x4)")).local_size == 2
+
+
+def test_discard_claimed_removes_a_failed_save_and_ignores_what_is_gone(tmp_path: Path) -> None:
+    tmp = tmp_path / "ck.tmp-x"
+    fsio.claim(tmp, 0)
+    (tmp / "sub").mkdir()
+    (tmp / "sub" / "part.bin").write_bytes(b"1234")
+    (tmp / "rank0.bin").write_bytes(b"5678")
+    fsio.discard_claimed(tmp)
+    assert list(tmp_path.iterdir()) == []
+    fsio.discard_claimed(tmp)  # gone already: no error
+    with pytest.raises(FileNotFoundError):
+        fsio.remove_claimed(tmp)  # (the strict form says so)

@@ -268,6 +268,18 @@ def clean_stale(path: PathLike) -> list[str]:
     return removed
 
 
+def discard_claimed(tmp: PathLike) -> None:
+    """:func:`remove_claimed` after a failed save, ignoring every error.
+
+    What cannot be removed now (the folder is gone already, a file is busy)
+    stays claimed, so :func:`clean_stale` removes it once its writers are gone;
+    ``shutil.rmtree`` could remove the markers first and leave an unmarked
+    remainder that nobody may remove.
+    """
+    with contextlib.suppress(OSError):
+        remove_claimed(tmp)
+
+
 def remove_claimed(tmp: PathLike) -> None:
     """Remove a claimed folder, its owner markers last.
 

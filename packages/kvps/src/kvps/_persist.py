@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -106,7 +105,7 @@ def save(shard: LocalShard, path: Any) -> None:
         collective.agree(comm, f"kvps save to {target} (previous checkpoint kept)", err)
     except BaseException:
         if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
+            fsio.discard_claimed(tmp)
         raise
     counts = collective.allgather_json(len(keys), comm)
     with collective.all_ranks(comm, f"kvps save: commit of {target} on rank 0 (previous checkpoint kept)"):
@@ -125,7 +124,7 @@ def save(shard: LocalShard, path: Any) -> None:
                 os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
                 fsio.commit_dir(tmp, target, replaceable=_is_checkpoint)
             except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
+                fsio.discard_claimed(tmp)
                 raise
 
 

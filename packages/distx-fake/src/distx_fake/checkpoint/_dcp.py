@@ -20,7 +20,6 @@ import dataclasses
 import io
 import os
 import secrets
-import shutil
 from typing import Any
 
 import torch
@@ -260,7 +259,7 @@ class DcpWriterMixin:
         except BaseException:
             # the save fails on every rank (DCP raises everywhere and never calls finish):
             # nothing of this attempt may stay behind
-            shutil.rmtree(tmp, ignore_errors=True)
+            fsio.discard_claimed(tmp)
             raise
         return _done(results)
 
@@ -293,7 +292,7 @@ class DcpWriterMixin:
             write_index(tmp, index, self.sync)
             fsio.commit_dir(tmp, self.path, sync=self.sync, replaceable=replaceable)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            fsio.discard_claimed(tmp)
             raise
 
     def storage_meta(self) -> StorageMeta | None:

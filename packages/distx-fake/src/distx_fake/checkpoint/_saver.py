@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -171,7 +170,7 @@ def save(
         collective.agree(comm.group, "checkpoint save (previous checkpoint kept)", err)
     except BaseException:
         if comm.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
+            fsio.discard_claimed(tmp)
         raise
     every = comm.all_gather(chunks)
     with collective.all_ranks(comm.group, "checkpoint commit on rank 0 (previous checkpoint kept)"):
@@ -180,5 +179,5 @@ def save(
                 write_index(tmp, build_index(every, values, comm.size, writer.piece_bytes), writer.sync)
                 fsio.commit_dir(tmp, writer.path, sync=writer.sync, replaceable=replaceable)
             except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
+                fsio.discard_claimed(tmp)
                 raise
