@@ -35,9 +35,13 @@ assert sd["step"] == 10 and torch.equal(sd["model"]["linear1.weight"], m.linear1
 fut = checkpoint.async_save_state_dict(sd, checkpoint.FileSystemWriter(tmp / "ck2"))
 fut.result()
 
-# DCP's planner and Stateful objects, distkit's bytes (JSON metadata, crc32c, atomic commit)
-dcp.save({"model": m.state_dict()}, storage_writer=checkpoint.FileSystemWriter(tmp / "ck3"))
-dcp.load({"model": sd["model"]}, storage_reader=checkpoint.FileSystemReader(tmp / "ck3"))
+# DCP's planner and Stateful objects, distkit's bytes (JSON metadata, crc32c, atomic commit); as
+# with DCP's own storage, values that are not tensors are saved and replaced on load, and every
+# key of the dict given to dcp.load must be in the checkpoint
+dcp.save({"model": m.state_dict(), "step": 10}, storage_writer=checkpoint.FileSystemWriter(tmp / "ck3"))
+sd["step"] = 0
+dcp.load(sd, storage_reader=checkpoint.FileSystemReader(tmp / "ck3"))
+assert sd["step"] == 10
 
 # a Hugging Face folder, and back into any sharding (here: rows 0..31 of a weight)
 checkpoint.export_safetensors(tmp / "ck3", tmp / "hf", max_shard_size="5GB", prefix="model.")

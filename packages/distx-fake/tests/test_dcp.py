@@ -13,6 +13,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from distkit_common.testing import run_spawn
 from distx_fake import checkpoint as cp
@@ -98,3 +99,31 @@ def test_dcp_checksum_and_bad_input(tmp_path: Path) -> None:
     # torch >= 2.13 passes the reader's error on; older DCP swallows it and fails on the missing metadata
     with pytest.raises((CheckpointException, AssertionError), match="no checkpoint|metadata is None"):
         _single(dcp.load, {"w": torch.zeros(1)}, storage_reader=cp.FileSystemReader(tmp_path / "none"))
+
+
+@pytest.mark.parametrize("storage", ["torch", "distx"])
+def test_non_tensor_values_and_missing_keys_behave_as_with_dcps_own_storage(tmp_path: Path, storage: str) -> None:
+    # DCP's semantics, whoever stores the bytes: values that are not tensors are saved and replaced
+    # in the caller's dict on load; a key asked for that the checkpoint lacks is DCP's own error
+    # (what the README's example once did), unless the planner allows a partial load
+    writer, reader = (
+        (dcp.FileSystemWriter, dcp.FileSystemReader)
+        if storage == "torch"
+        else (cp.FileSystemWriter, cp.FileSystemReader)
+    )
+    _single(
+        dcp.save,
+        {"w": torch.ones(3), "step": 10, "meta": {"epoch": 2, "betas": [0.9, 0.99]}},
+        storage_writer=writer(tmp_path / "a"),
+    )
+    sd = {"w": torch.zeros(3), "step": 0, "meta": {"epoch": 0, "betas": None}}
+    _single(dcp.load, sd, storage_reader=reader(tmp_path / "a"))
+    assert torch.equal(sd["w"], torch.ones(3)) and sd["step"] == 10 and sd["meta"] == {"epoch": 2, "betas": [0.9, 0.99]}
+    _single(dcp.save, {"w": torch.ones(3)}, storage_writer=writer(tmp_path / "b"))
+    sd = {"w": torch.zeros(3), "step": 0}
+    with pytest.raises(CheckpointException, match="Missing key in checkpoint state_dict: step"):
+        _single(dcp.load, sd, storage_reader=reader(tmp_path / "b"))
+    assert sd["step"] == 0
+    planner = DefaultLoadPlanner(allow_partial_load=True)
+    _single(dcp.load, sd, storage_reader=reader(tmp_path / "b"), planner=planner)
+    assert torch.equal(sd["w"], torch.ones(3)) and sd["step"] == 0

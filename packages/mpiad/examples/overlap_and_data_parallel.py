@@ -1,4 +1,4 @@
-"""The README's second example: a non-blocking Allreduce overlapping a matmul, and DataParallel.
+"""The getting-started page's second example: a non-blocking Allreduce overlapping a matmul, and DataParallel.
 
 mpiexec -n 2 python -m mpi4py examples/overlap_and_data_parallel.py
 """

@@ -86,6 +86,6 @@ def test_losing_a_hosts_ranks_mid_save_ends_the_job_and_keeps_the_checkpoint(tmp
 
 def test_losing_a_hosts_link_mid_save_ends_the_job_and_keeps_the_checkpoint(tmp_path: Path) -> None:
     # torchrun: the heartbeat of dkh1's ranks names the silent ranks and their host (under
-    # mpiexec, see the README's "Running on a cluster")
+    # mpiexec, see docs/packages/shardlayers/guide.md, "Running on a cluster")
     res = _lose_host_while_saving(tmp_path, "link_down", "torchrun")
     assert re.search(r"distkit heartbeat: rank [01] on dkh1 lost rank [23] on dkh2", res.stderr), res.stderr

@@ -1,6 +1,6 @@
 """Allreduce algorithm choice: the setting (the choice itself is made natively, per call).
 
-Large messages (measurements in the README's benchmark section):
+Large messages (measurements in docs/packages/mpiad/performance.md, Allreduce algorithms):
 
 * ranks on one node: from ``MPIAD_LARGE_BYTES`` (default 32 MiB) MPI_Reduce +
   MPI_Bcast, which beats Open MPI's default MPI_Allreduce there;

@@ -50,7 +50,7 @@ def build(cfg: object, seed: int, deferred: bool = False) -> nn.Module:
 
     torch.manual_seed(seed)
     default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)  # built in float64 (not .double()'d: see the README)
+    torch.set_default_dtype(torch.float64)  # built in float64 (not .double()'d: see docs/packages/shardlayers/guide.md)
     try:
         if deferred:
             from distx_fake.deferred_init import deferred_init

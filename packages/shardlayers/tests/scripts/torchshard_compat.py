@@ -1,7 +1,7 @@
 """TorchShard's own tests (kaiyuyue/torchshard tests/*.py) and the seed's documented examples,
 ported to shardlayers and run inside the spawned layer body (any tensor-parallel size p).
 
-Deliberate differences from TorchShard are asserted as such (see the README): gathered tensors
+Deliberate differences from TorchShard are asserted as such (docs/packages/shardlayers/from-original.md): gathered tensors
 are untagged, the row-parallel bias is not tagged as split, ``register_ddp_parameters_to_ignore``
 lists only split parameters.
 """
