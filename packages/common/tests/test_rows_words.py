@@ -72,9 +72,10 @@ def test_word_rows_match_torch_every_dtype_and_alignment(dtype: torch.dtype) -> 
     full = _values(nrows, ncols, dtype)
     idx = torch.randint(0, nrows, (23,), generator=g)
     for shift in range(16):
-        if shift % es:  # a tensor of this dtype is never less aligned than its element size...
-            if shift not in (1, 3):  # ...but the byte mover must be right for any address
-                continue
+        # a tensor is never less aligned than its element size, but the byte mover must be
+        # right for any address: every aligned shift, and 1 and 3 bytes for every dtype
+        if shift % es and shift not in (1, 3):
+            continue
         chunks = [Placed(full[c : c + rpc], shift) for c in range(0, nrows, rpc)]
         out = Placed(torch.zeros(23, ncols, dtype=dtype), (3 * shift) % 16)  # another alignment
         for lanes in (0, 1, 4):
@@ -123,7 +124,9 @@ def test_word_rows_strided_table_and_window(dtype: torch.dtype) -> None:
     dup = torch.tensor([2, 2, 19])
     add = _small(3, wcols, dtype)
     alpha = 1.0 if dtype == torch.int64 else 0.5  # integer tables add alpha cast to their type
-    _run("scatter_add", chunks, rpc, wrows, wcols, rs, cs, dtype, dup, Placed(add, 0), alpha=alpha, row0=row0, col0=col0)
+    _run(
+        "scatter_add", chunks, rpc, wrows, wcols, rs, cs, dtype, dup, Placed(add, 0), alpha=alpha, row0=row0, col0=col0
+    )
     sub = ref[:, ::cs][:, :6][row0 : row0 + wrows, col0 : col0 + wcols]
     sub.index_add_(0, dup, add, alpha=int(alpha) if dtype == torch.int64 else alpha)  # a view: writes into ref
     assert torch.allclose(torch.cat([c.value() for c in chunks]).to(torch.complex128), ref.to(torch.complex128))
