@@ -8,6 +8,7 @@
 // context), and every argument error is raised before any device memory is taken. The
 // chunk array the kernels read is stream-ordered scratch memory, freed on every path.
 #include <cstdint>
+#include <memory>
 #include <type_traits>
 
 #include "distkit/rows_cuda.cuh"
@@ -34,13 +35,14 @@ void run(RowOp op, const RowOpArgs& a, cudaStream_t s) {
   }
   // The kernels read the chunk table from device memory (a single buffer is passed by value).
   ByteRows t = host_view;
-  const size_t bytes = a.chunks.size() * sizeof(char*);
-  cuda::StreamBuffer dev_chunks(bytes, s);
+  std::unique_ptr<cuda::StreamBuffer> dev_chunks;  // none for one buffer (its base travels by value)
   if (!t.single) {
-    cuda::check(cudaMemcpyAsync(dev_chunks.as<void>(), a.chunks.data(), bytes, cudaMemcpyHostToDevice, s),
+    const size_t bytes = a.chunks.size() * sizeof(char*);
+    dev_chunks = std::make_unique<cuda::StreamBuffer>(bytes, s);
+    cuda::check(cudaMemcpyAsync(dev_chunks->as<void>(), a.chunks.data(), bytes, cudaMemcpyHostToDevice, s),
                 "cudaMemcpyAsync");
+    t.chunks = dev_chunks->as<char*>();
   }
-  t.chunks = dev_chunks.as<char*>();
   // indices were validated above, or the caller chose to skip bad rows silently: no error word
   cuda::launch_row_words<T, I>(op, t, w, idx, a.n, reinterpret_cast<char*>(a.data), a.alpha, nullptr, s);
   // No synchronisation: a copy from pageable memory has read its source when it returns,

@@ -69,8 +69,10 @@ def _device_rows(op: str, t: torch.Tensor, didx: torch.Tensor, data: torch.Tenso
     CUDA, a dtype without a code, a layout that is not one strided row table, a
     non-contiguous ``data``, rows that overlap). ``didx`` must be checked already: the
     kernels skip bad rows without a report (no stream synchronisation)."""
+    if t.device.type != "cuda" or not _CUDA_ROWS or str(t.dtype).removeprefix("torch.") not in CODES:
+        return False
     args = plain_table_args(t)
-    if args is None or not _CUDA_ROWS or str(t.dtype).removeprefix("torch.") not in CODES:
+    if args is None:
         return False
     nrows, ncols, rs, cs = args
     # a scatter into rows that share memory is left to torch (which rejects it)
