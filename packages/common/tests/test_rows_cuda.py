@@ -100,8 +100,9 @@ def _kernels_body(rank: int, size: int, store: str) -> None:
     # validate=False: no index check; a bad row is skipped (zeros in a gather), nothing raised
     x = torch.arange(40, dtype=torch.float32, device=dev).reshape(10, 4)
     out = torch.full((3, 4), -1.0, device=dev)
+    with_bad = torch.tensor([9, 10, 0], device=dev)
     native.row_op("gather", [int(x.data_ptr())], 10, 10, 4, 4, 1, code_of(torch.float32),
-                  int(torch.tensor([9, 10, 0], device=dev).data_ptr()), True, 3, int(out.data_ptr()),
+                  int(with_bad.data_ptr()), True, 3, int(out.data_ptr()),
                   on_device=True, stream=torch.cuda.current_stream().cuda_stream, validate=False)  # fmt: skip
     torch.cuda.synchronize()
     assert torch.equal(out.cpu(), torch.stack([x[9].cpu(), torch.zeros(4), x[0].cpu()]))
