@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# One pass of every GPU check on a GPU machine (issue #15 Part B), within a fixed time budget.
+# One pass of every GPU check on a GPU machine (issues #15 and #34 Part B), within a fixed time budget
+# (about 6 minutes; at most 8).
 #
 #   bash tools/gpu/run_checks.sh [LOGDIR]      (from the repository root, after gpu_check/build.sh)
 #
 # Order: the latency-bound Allreduce benchmark alone; then every package's CPU suite (niced) beside
-# the two GPU-bound benchmarks; then the `gpu` suite and compute-sanitizer (memcheck: row kernels
+# the GPU-bound benchmarks (the common row kernels: gather / scatter / scatter-add, one buffer and
+# 8 chunks, with and without the index check, vs torch; wholemem gather and scatter of CHUNKED and
+# DEVICE tables; cross-entropy); then the `gpu` suite and compute-sanitizer (memcheck: row kernels
 # and Embedding optimizers; racecheck: cross-entropy). Every step has its own deadline, so one hang costs only
 # its own step. Logs and BENCH json land in LOGDIR (default /tmp/gpu_logs); SUMMARY lists each
 # step's exit code (124 = its deadline).
@@ -46,7 +49,8 @@ cd "$(mktemp -d)"  # nothing imports from the source tree
 for p in common wholemem shardlayers distx-fake mpiad kvps; do
   step "cpu_$p" 420 nice -n 10 "${PYTEST[@]}" -m "not gpu and not cluster" --timeout 300 -q "$B/$p/tests" &
 done
-step bench_gather 60 "$PY" "$B/wholemem/benchmarks/bench_gather_gpu.py" --json "$LOG/bench_gather.json"
+step bench_rows 60 "$PY" "$B/common/benchmarks/bench_rows_gpu.py" --json "$LOG/bench_rows.json"
+step bench_gather 100 "$PY" "$B/wholemem/benchmarks/bench_gather_gpu.py" --budget 95 --json "$LOG/bench_gather.json"
 step bench_xent 60 "$PY" "$B/shardlayers/benchmarks/bench_cross_entropy_gpu.py" --json "$LOG/bench_xent.json"
 echo "benchmarks done at $((SECONDS - T0))s" >> "$SUMMARY"
 

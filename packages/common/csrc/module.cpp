@@ -12,6 +12,7 @@
 #include "distkit/parallel.hpp"
 #include "distkit/pybind.hpp"
 #include "distkit/rows_cpu.hpp"
+#include "distkit/rows_vec.hpp"
 #include "distkit/shm.hpp"
 #include "rows_dispatch.hpp"
 
@@ -37,14 +38,14 @@ void cpu_row_op(RowOp op, const RowOpArgs& a) {
 
 void row_op(RowOp op, std::vector<uintptr_t> chunks, int64_t rows_per_chunk, int64_t nrows, int64_t ncols,
             int64_t row_stride, int64_t col_stride, int dtype, uintptr_t idx, bool idx64, int64_t n, uintptr_t data,
-            float alpha, bool on_device, uintptr_t stream) {
+            float alpha, bool on_device, uintptr_t stream, bool validate) {
   check(!chunks.empty(), "at least one chunk is required");
   check(rows_per_chunk > 0, "rows_per_chunk must be positive, got ", rows_per_chunk);
   check(static_cast<int64_t>(chunks.size()) * rows_per_chunk >= nrows, "chunk table of ", chunks.size(),
         " chunks x ", rows_per_chunk, " rows cannot hold ", nrows, " rows");
   check(ncols >= 0 && n >= 0 && nrows >= 0, "negative size");
   RowOpArgs a{std::move(chunks), rows_per_chunk, nrows, ncols, row_stride, col_stride,
-              dtype_from_code(dtype), idx, idx64, n, data, alpha};
+              dtype_from_code(dtype), idx, idx64, n, data, alpha, validate};
   if (on_device) {
 #ifdef DISTKIT_WITH_CUDA
     nogil release;
@@ -63,6 +64,81 @@ void row_op(RowOp op, std::vector<uintptr_t> chunks, int64_t rows_per_chunk, int
       cpu_row_op<T, int32_t>(op, a);
     }
   });
+}
+
+/// The row functions of rows_vec.hpp, run on the CPU the way a kernel runs them: rows in
+/// groups of kRowsInFlight, each group's words split over `lanes` lanes that run in turn
+/// (0: as many as the kernel would use). Returns the word width used; after the whole
+/// call an IndexError names the first bad index (whose rows were zero-filled or skipped).
+int row_op_words(RowOp op, const std::vector<uintptr_t>& chunks, int64_t rows_per_chunk, int64_t nrows,
+                 int64_t row0, int64_t col0, int64_t ncols, int64_t row_stride, int64_t col_stride, int dtype,
+                 uintptr_t idx, bool idx64, int64_t n, uintptr_t data, float alpha, int lanes) {
+  check(!chunks.empty(), "at least one chunk is required");
+  check(rows_per_chunk > 0, "rows_per_chunk must be positive, got ", rows_per_chunk);
+  check(ncols >= 0 && n >= 0 && nrows >= 0 && row0 >= 0 && col0 >= 0, "negative size or offset");
+  check(static_cast<int64_t>(chunks.size()) * rows_per_chunk >= row0 + nrows, "chunk table of ", chunks.size(),
+        " chunks x ", rows_per_chunk, " rows cannot hold ", row0 + nrows, " rows");
+  check(lanes >= 0 && lanes <= 32 && (lanes & (lanes - 1)) == 0, "lanes must be 0 or a power of two up to 32, got ",
+        lanes);
+  const DType dt = dtype_from_code(dtype);
+  const int64_t es = itemsize(dt);
+  std::vector<char*> bases(chunks.size());
+  for (size_t c = 0; c < chunks.size(); ++c) bases[c] = reinterpret_cast<char*>(chunks[c]);
+  const ByteRows t = make_byte_rows(bases.data(), chunks[0], chunks.size(),
+                                    rows_per_chunk, nrows, row0, col0, ncols, es, row_stride, col_stride);
+  const int w = choose_word_bytes(t, chunks.data(), chunks.size(), data);
+  if (op == RowOp::ScatterAdd && w < es) {
+    throw ValueError(str("scatter-add needs elements aligned to their size (", es, " bytes); the table or values are ",
+                         w, "-byte aligned"));
+  }
+  if (n == 0 || ncols == 0) return w;
+  nogil release;
+  const int G = lanes > 0 ? lanes : lanes_per_row(row_words(t, w));
+  int64_t bad = -1;
+  auto note = [&](int64_t b) {
+    if (b >= 0 && (bad < 0 || b < bad)) bad = b;
+  };
+  auto run = [&](auto ix) {
+    using I = std::remove_const_t<std::remove_pointer_t<decltype(ix)>>;
+    dispatch_word(w, [&](auto wc) {
+      constexpr int W = decltype(wc)::value;
+      for (int64_t i0 = 0; i0 < n; i0 += kRowsInFlight) {
+        for (int lane = 0; lane < G; ++lane) {
+          char* d = reinterpret_cast<char*>(data);
+          if (op == RowOp::Gather) {
+            note(gather_rows_group<W, kRowsInFlight, I>(t, ix, i0, n, d, lane, G));
+          } else if (op == RowOp::Scatter) {
+            note(scatter_rows_group<W, kRowsInFlight, I>(t, ix, i0, n, d, lane, G));
+          } else {
+            dispatch(dt, [&](auto tag) {
+              using T = decltype(tag);
+              if constexpr (W >= static_cast<int>(sizeof(T))) {
+                auto add = [](T* e, T v, float a) { add_scaled(*e, v, a); };
+                note(scatter_add_rows_group<T, W, I>(t, ix, i0, n, kRowsInFlight, d, alpha, lane, G, add));
+              }
+            });
+          }
+        }
+      }
+    });
+  };
+  if (idx64) {
+    run(reinterpret_cast<const int64_t*>(idx));
+  } else {
+    run(reinterpret_cast<const int32_t*>(idx));
+  }
+  if (bad >= 0) {
+    const int64_t v = idx64 ? reinterpret_cast<const int64_t*>(idx)[bad] : reinterpret_cast<const int32_t*>(idx)[bad];
+    throw IndexError(str("index ", v, " at position ", bad, " is out of range for ", nrows, " rows"));
+  }
+  return w;
+}
+
+RowOp row_op_code(const std::string& op) {
+  if (op == "gather") return RowOp::Gather;
+  if (op == "scatter") return RowOp::Scatter;
+  if (op == "scatter_add") return RowOp::ScatterAdd;
+  throw ValueError(str("unknown row op '", op, "'"));
 }
 
 class PyShm {
@@ -126,19 +202,48 @@ PYBIND11_MODULE(_distkit_common, m) {
       "row_op",
       [](const std::string& op, std::vector<uintptr_t> chunks, int64_t rows_per_chunk, int64_t nrows,
          int64_t ncols, int64_t row_stride, int64_t col_stride, int dtype, uintptr_t idx, bool idx64, int64_t n,
-         uintptr_t data, float alpha, bool on_device, uintptr_t stream) {
-        RowOp o;
-        if (op == "gather") o = RowOp::Gather;
-        else if (op == "scatter") o = RowOp::Scatter;
-        else if (op == "scatter_add") o = RowOp::ScatterAdd;
-        else throw ValueError(str("unknown row op '", op, "'"));
-        row_op(o, std::move(chunks), rows_per_chunk, nrows, ncols, row_stride, col_stride, dtype, idx, idx64, n, data,
-               alpha, on_device, stream);
+         uintptr_t data, float alpha, bool on_device, uintptr_t stream, bool validate) {
+        row_op(row_op_code(op), std::move(chunks), rows_per_chunk, nrows, ncols, row_stride, col_stride, dtype, idx,
+               idx64, n, data, alpha, on_device, stream, validate);
       },
       py::arg("op"), py::arg("chunks"), py::arg("rows_per_chunk"), py::arg("nrows"), py::arg("ncols"),
       py::arg("row_stride"), py::arg("col_stride"), py::arg("dtype"), py::arg("idx"), py::arg("idx64"), py::arg("n"),
       py::arg("data"), py::arg("alpha") = 1.0f, py::arg("on_device") = false, py::arg("stream") = 0,
-      "Row gather / scatter / scatter-add over a table of chunks (raw pointers).");
+      py::arg("validate") = true,
+      "Row gather / scatter / scatter-add over a table of chunks (raw pointers). On a device, validate=False "
+      "skips the index check (its stream synchronisation; allowed in CUDA graph capture): the kernels then "
+      "skip rows with bad indices (a gather writes zeros there) and report nothing.");
+
+  m.def(
+      "row_op_words",
+      [](const std::string& op, const std::vector<uintptr_t>& chunks, int64_t rows_per_chunk, int64_t nrows,
+         int64_t row0, int64_t col0, int64_t ncols, int64_t row_stride, int64_t col_stride, int dtype, uintptr_t idx,
+         bool idx64, int64_t n, uintptr_t data, float alpha, int lanes) {
+        return row_op_words(row_op_code(op), chunks, rows_per_chunk, nrows, row0, col0, ncols, row_stride, col_stride,
+                            dtype, idx, idx64, n, data, alpha, lanes);
+      },
+      py::arg("op"), py::arg("chunks"), py::arg("rows_per_chunk"), py::arg("nrows"), py::arg("row0"), py::arg("col0"),
+      py::arg("ncols"), py::arg("row_stride"), py::arg("col_stride"), py::arg("dtype"), py::arg("idx"),
+      py::arg("idx64"), py::arg("n"), py::arg("data"), py::arg("alpha") = 1.0f, py::arg("lanes") = 0,
+      "Test hook: the GPU row functions (distkit/rows_vec.hpp) run on host memory, lane by lane; "
+      "returns the word width in bytes.");
+  m.def(
+      "row_locate",
+      [](int64_t rows_per_chunk, int64_t nchunks, int64_t row0, int64_t row_stride_bytes, int64_t r) {
+        check(rows_per_chunk > 0 && nchunks > 0, "rows_per_chunk and nchunks must be positive");
+        ByteRows t{};
+        t.rows_per_chunk = rows_per_chunk;
+        t.row0 = row0;
+        t.row_stride_bytes = row_stride_bytes;
+        t.single = nchunks == 1;
+        int64_t c = 0, off = 0;
+        t.locate(r, c, off);
+        return py::make_tuple(c, off);
+      },
+      py::arg("rows_per_chunk"), py::arg("nchunks"), py::arg("row0"), py::arg("row_stride_bytes"), py::arg("r"),
+      "Test hook: (chunk, byte offset) of row r as the GPU row functions compute it (no memory touched).");
+  m.def("word_bytes_for", &word_bytes_for, py::arg("bits"),
+        "The widest word (16/8/4/2/1 bytes) dividing bits (the OR of lengths, strides and addresses).");
 
   m.def(
       "fsync_path",

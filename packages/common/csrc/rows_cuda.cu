@@ -1,4 +1,5 @@
-// CUDA path of the common row ops: the per-element code of distkit/rows.hpp on the device.
+// CUDA path of the common row ops: the row functions of distkit/rows_vec.hpp on the device
+// (rows as the widest aligned words, several rows in flight per lane group).
 //
 // Before anything is launched: the device of the stream is made current (a kernel on a
 // stream of another device fails, and the legacy default stream would silently run on
@@ -7,6 +8,7 @@
 // context), and every argument error is raised before any device memory is taken. The
 // chunk array the kernels read is stream-ordered scratch memory, freed on every path.
 #include <cstdint>
+#include <memory>
 #include <type_traits>
 
 #include "distkit/rows_cuda.cuh"
@@ -16,35 +18,33 @@ namespace {
 
 using namespace distkit;
 
-/// Elements moved as raw words of their size: gather and scatter need no arithmetic, so
-/// one instantiation per element size covers every dtype (16-bit floats, bool, complex).
-struct Words16 {
-  uint64_t lo, hi;
-};
-
 template <class T, class I>
 void run(RowOp op, const RowOpArgs& a, cudaStream_t s) {
   const I* idx = reinterpret_cast<const I*>(a.idx);
-  const cuda::BadIndex bad = cuda::find_bad_index(idx, a.n, a.nrows, s);
-  if (bad.pos >= 0) {
-    throw IndexError(str("index ", bad.value, " at position ", bad.pos, " is out of range for ", a.nrows, " rows"));
+  if (a.validate) {
+    const cuda::BadIndex bad = cuda::find_bad_index(idx, a.n, a.nrows, s);
+    if (bad.pos >= 0) {
+      throw IndexError(str("index ", bad.value, " at position ", bad.pos, " is out of range for ", a.nrows, " rows"));
+    }
   }
-  // The kernels read the chunk table from device memory.
-  const size_t bytes = a.chunks.size() * sizeof(T*);
-  cuda::StreamBuffer dev_chunks(bytes, s);
-  cuda::check(cudaMemcpyAsync(dev_chunks.as<void>(), a.chunks.data(), bytes, cudaMemcpyHostToDevice, s),
-              "cudaMemcpyAsync");
-  RowTable<T> t{dev_chunks.as<T*>(), a.rows_per_chunk, a.nrows, a.ncols, a.row_stride, a.col_stride};
-  T* data = reinterpret_cast<T*>(a.data);
-  switch (op) {
-    case RowOp::Gather: cuda::gather_rows(t, idx, a.n, data, s); break;
-    case RowOp::Scatter: cuda::scatter_rows(t, idx, a.n, static_cast<const T*>(data), s); break;
-    case RowOp::ScatterAdd:
-      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-        cuda::scatter_add_rows(t, idx, a.n, static_cast<const T*>(data), a.alpha, s);
-      }
-      break;
+  const ByteRows host_view = make_byte_rows(nullptr, a.chunks[0], a.chunks.size(), a.rows_per_chunk, a.nrows, 0, 0,
+                                            a.ncols, itemsize(a.dtype), a.row_stride, a.col_stride);
+  const int w = choose_word_bytes(host_view, a.chunks.data(), a.chunks.size(), a.data);
+  if (op == RowOp::ScatterAdd && w < static_cast<int>(sizeof(T))) {
+    throw ValueError(str("scatter-add needs elements aligned to their size (", sizeof(T), " bytes), got ", w));
   }
+  // The kernels read the chunk table from device memory (a single buffer is passed by value).
+  ByteRows t = host_view;
+  std::unique_ptr<cuda::StreamBuffer> dev_chunks;  // none for one buffer (its base travels by value)
+  if (!t.single) {
+    const size_t bytes = a.chunks.size() * sizeof(char*);
+    dev_chunks = std::make_unique<cuda::StreamBuffer>(bytes, s);
+    cuda::check(cudaMemcpyAsync(dev_chunks->as<void>(), a.chunks.data(), bytes, cudaMemcpyHostToDevice, s),
+                "cudaMemcpyAsync");
+    t.chunks = dev_chunks->as<char*>();
+  }
+  // indices were validated above, or the caller chose to skip bad rows silently: no error word
+  cuda::launch_row_words<T, I>(op, t, w, idx, a.n, reinterpret_cast<char*>(a.data), a.alpha, nullptr, s);
   // No synchronisation: a copy from pageable memory has read its source when it returns,
   // and the scratch table is freed in stream order after the kernel.
 }
@@ -89,19 +89,15 @@ void cuda_row_op(RowOp op, const RowOpArgs& a, uintptr_t stream) {
   distkit::check(a.idx != 0 && a.data != 0, "null index or data pointer");
   cudaStream_t s = cuda::stream_from_int(stream);
   cuda::DeviceGuard guard(device_of(s, a.data));
-  distkit::check(!cuda::stream_capturing(s),
-        "a CUDA row op cannot run inside CUDA graph capture: its index check synchronises the stream");
-  switch (a.dtype) {
-    case DType::Float32: run_typed<float>(op, a, s); break;
-    case DType::Float64: run_typed<double>(op, a, s); break;
-    default:
-      switch (itemsize(a.dtype)) {
-        case 1: run_typed<uint8_t>(op, a, s); break;
-        case 2: run_typed<uint16_t>(op, a, s); break;
-        case 4: run_typed<uint32_t>(op, a, s); break;
-        case 8: run_typed<uint64_t>(op, a, s); break;
-        case 16: run_typed<Words16>(op, a, s); break;
-        default: throw TypeError(str("CUDA row ops do not support ", dtype_name(a.dtype)));
-      }
+  distkit::check(!a.validate || !cuda::stream_capturing(s),
+                 "a CUDA row op with validate=True cannot run inside CUDA graph capture: its index check "
+                 "synchronises the stream");
+  // Gather and scatter move raw words whatever the dtype; only the add needs the element type.
+  if (op != RowOp::ScatterAdd) {
+    run_typed<uint8_t>(op, a, s);
+  } else if (a.dtype == DType::Float32) {
+    run_typed<float>(op, a, s);
+  } else {
+    run_typed<double>(op, a, s);
   }
 }

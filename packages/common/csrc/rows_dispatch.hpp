@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "distkit/dtype.hpp"
+#include "distkit/rows_vec.hpp"
 
 struct RowOpArgs {
   std::vector<uintptr_t> chunks;
@@ -15,9 +16,10 @@ struct RowOpArgs {
   int64_t n;
   uintptr_t data;  // out (gather) or values (scatter / scatter-add)
   float alpha;
+  bool validate;   // device: check the indices first (IndexError, one stream sync); else skip bad rows
 };
 
-enum class RowOp { Gather, Scatter, ScatterAdd };
+using RowOp = distkit::RowMove;
 
 #ifdef DISTKIT_WITH_CUDA
 void cuda_row_op(RowOp op, const RowOpArgs& a, uintptr_t stream);

@@ -97,6 +97,24 @@ def _kernels_body(rank: int, size: int, store: str) -> None:
             _op("scatter_add", [h], 4, 4, 2, 2, 1, torch.float16, one, h)
     torch.cuda.synchronize()
     assert torch.cuda.mem_get_info(dev)[0] >= free - (8 << 20)
+    # validate=False: no index check; a bad row is skipped (zeros in a gather), nothing raised
+    x = torch.arange(40, dtype=torch.float32, device=dev).reshape(10, 4)
+    out = torch.full((3, 4), -1.0, device=dev)
+    with_bad = torch.tensor([9, 10, 0], device=dev)
+    native.row_op("gather", [int(x.data_ptr())], 10, 10, 4, 4, 1, code_of(torch.float32),
+                  int(with_bad.data_ptr()), True, 3, int(out.data_ptr()),
+                  on_device=True, stream=torch.cuda.current_stream().cuda_stream, validate=False)  # fmt: skip
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), torch.stack([x[9].cpu(), torch.zeros(4), x[0].cpu()]))
+    # every base alignment of a byte table and its output (the word width follows it)
+    raw = torch.arange(4096, device=dev).remainder(251).to(torch.uint8)
+    ix = torch.randint(0, 60, (50,), generator=g).to(dev)
+    for shift in range(16):
+        tab = raw[shift : shift + 60 * 48].view(60, 48)
+        dst = torch.zeros(4096, dtype=torch.uint8, device=dev)
+        o = dst[(3 * shift) % 16 :][: 50 * 48].view(50, 48)
+        _op("gather", [tab], 60, 60, 48, 48, 1, torch.uint8, ix, o)
+        assert torch.equal(o, tab[ix]), shift
     # a non-default stream of the device: the kernels run there
     s = torch.cuda.Stream(dev)
     with torch.cuda.stream(s):

@@ -124,6 +124,8 @@ def test_allreduce_out_parameter() -> None:
     assert comm.Allreduce(x, mpiad.MPI_MAX, out=x) is x  # in place
     with pytest.raises(ValueError, match="out must be"):
         comm.Allreduce(x, mpiad.MPI_SUM, out=torch.empty(3))
+    with pytest.raises(ValueError, match="out must be a contiguous tensor on the input's device"):
+        comm.Allreduce(x, mpiad.MPI_SUM, out=torch.empty(4, device="meta"))
     with pytest.raises(ValueError, match="out= is only supported"):
         comm.Allreduce(x.clone().requires_grad_(), mpiad.MPI_SUM, out=out)
 

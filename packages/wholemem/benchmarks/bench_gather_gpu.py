@@ -9,7 +9,8 @@ and exits 0 (``--json`` then writes ``[]``).
 
 Goal: a wholemem gather of random rows (>= 512 B each) from a CHUNKED (``device='cuda'``)
 or DEVICE table reaches >= 0.7 of the device-to-device copy bandwidth measured in the
-same run.
+same run; a scatter of distinct random rows >= 0.6 (issue #34; ``--no-scatter`` skips it,
+torch ``index_copy_`` is its reference).
 
 Method
 ------
@@ -66,6 +67,7 @@ T_START = time.monotonic()  # the budget counts from here: importing torch can b
 import torch  # noqa: E402
 
 GOAL = 0.7
+SCATTER_GOAL = 0.6  # issue #34
 COLS = (128, 256)  # float32: 512 B and 1 KiB rows
 WARMUP = 3
 
@@ -122,17 +124,20 @@ def _body(rank: int, size: int, store: str, out_path: str, cfg: dict[str, Any]) 
     rows, nidx, reps = cfg["rows"], cfg["nidx"], cfg["reps"]
     gen = torch.Generator(device=dev).manual_seed(1000 + rank)
     idx = torch.randint(0, rows, (nidx,), device=dev, generator=gen)
+    uidx = torch.randperm(rows, device=dev, generator=gen)[:nidx]  # distinct rows: a scatter is defined
     info = {"device": _device_name(dev), "torch": torch.__version__, "table_rows": rows, "gathered_rows": nidx}
     ranks = "1 rank" if size == 1 else f"{size} ranks sharing the GPU, rank {rank}"
     copy_gbps = [0.0]
 
-    def emit(name: str, memory_type: str, row_bytes: int, ms: float, goal: bool) -> None:
+    def emit(name: str, memory_type: str, row_bytes: int, ms: float, goal: bool, op: str = "gather") -> None:
         nbytes = nidx * row_bytes
         gbps = 2 * nbytes / (ms * 1e-3) / 1e9
         ratio = gbps / copy_gbps[0]
+        want = GOAL if op == "gather" else SCATTER_GOAL
         row = {
             "package": "wholemem",
-            "name": f"{name}, {row_bytes} B rows, {ranks}: gather / D2D copy bandwidth",
+            "name": f"{name}, {row_bytes} B rows, {ranks}: {op} / D2D copy bandwidth",
+            "op": op,
             "memory_type": memory_type,
             "row_bytes": row_bytes,
             "ranks": size,
@@ -141,8 +146,8 @@ def _body(rank: int, size: int, store: str, out_path: str, cfg: dict[str, Any]) 
             "gather_GBps_with_index": round((2 * nbytes + 8 * nidx) / (ms * 1e-3) / 1e9, 1),
             "copy_GBps": round(copy_gbps[0], 1),
             "ratio": round(ratio, 3),
-            "goal": f">= {GOAL:g}" if goal else "(reference)",
-            "met": bool(ratio >= GOAL) if goal else None,
+            "goal": f">= {want:g}" if goal else "(reference)",
+            "met": bool(ratio >= want) if goal else None,
             "unit": "x",
             "detail": {**info, "median_ms": round(ms, 4), "reps": reps},
         }
@@ -180,6 +185,10 @@ def _body(rank: int, size: int, store: str, out_path: str, cfg: dict[str, Any]) 
             ms = _median_ms(lambda plain=plain, out=out: torch.index_select(plain, 0, idx, out=out), reps)
             _check(out, idx, "index_select")
             emit("torch index_select on a plain CUDA tensor", "torch", row_bytes, ms, goal=False)
+            vals = torch.ones(nidx, cols, device=dev)
+            ms = _median_ms(lambda plain=plain, vals=vals: plain.index_copy_(0, uidx, vals), reps)
+            emit("torch index_copy_ on a plain CUDA tensor", "torch", row_bytes, ms, goal=False, op="scatter")
+            del vals
             del plain
             torch.cuda.empty_cache()
         for ty in (T.CHUNKED, T.DEVICE):
@@ -197,6 +206,14 @@ def _body(rank: int, size: int, store: str, out_path: str, cfg: dict[str, Any]) 
                 ms = _median_ms(lambda: wg.gather(t, idx, out=out), reps)
                 _check(out, idx, f"wholemem.gather {ty.name}")
                 emit(f"wholemem.gather {ty.name}", ty.name, row_bytes, ms, goal=True)
+                if cfg["scatter"]:
+                    vals = out[: uidx.numel()]  # rows of ids: scattering them changes what the gather checks
+                    vals.copy_(uidx.to(out.dtype)[:, None].expand(-1, out.shape[1]))
+                    ms = _median_ms(lambda: wg.scatter(t, uidx, vals), reps)
+                    back = wg.gather(t, uidx)
+                    if not torch.equal(back[:, 0], uidx.to(out.dtype)):
+                        raise AssertionError(f"wholemem.scatter {ty.name}: the rows were not written")
+                    emit(f"wholemem.scatter {ty.name}", ty.name, row_bytes, ms, goal=True, op="scatter")
 
             in_turn(measure)
             del t, measure
@@ -218,14 +235,12 @@ def _gpu_usable() -> bool:
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    head = (
-        f"{'ranks':>5} {'rank':>4} {'memory':>8} {'row B':>6} {'gather GB/s':>11} {'copy GB/s':>9} {'ratio':>6}  goal"
-    )
+    head = f"{'ranks':>5} {'rank':>4} {'op':>8} {'memory':>8} {'row B':>6} {'GB/s':>11} {'copy GB/s':>9} {'ratio':>6}  goal"
     lines = [head]
     for r in rows:
         met = {True: "met", False: "NOT met", None: "-"}[r["met"]]
         lines.append(
-            f"{r['ranks']:>5} {r['rank']:>4} {r['memory_type']:>8} {r['row_bytes']:>6} {r['gather_GBps']:>11.1f} "
+            f"{r['ranks']:>5} {r['rank']:>4} {r.get('op', 'gather'):>8} {r['memory_type']:>8} {r['row_bytes']:>6} {r['gather_GBps']:>11.1f} "
             f"{r['copy_GBps']:>9.1f} {r['ratio']:>6.3f}  {r['goal']} {met}"
         )
     return "\n".join(lines)
@@ -240,6 +255,7 @@ def main() -> int:
     ap.add_argument("--nidx", type=int, default=1 << 20, help="rows per gather (default 1M)")
     ap.add_argument("--reps", type=int, default=20, help="timed calls per measurement (median)")
     ap.add_argument("--copy-mib", type=int, default=1024, help="size of the D2D copy (MiB)")
+    ap.add_argument("--no-scatter", action="store_true", help="measure the gathers only")
     ap.add_argument("--budget", type=float, default=52.0, help="seconds for everything; a run past it is killed")
     opts = ap.parse_args()
     if not 0 < opts.rows < 1 << 24 or opts.nidx < 1 or opts.reps < 1 or opts.copy_mib < 1:
@@ -272,6 +288,7 @@ def main() -> int:
             "nidx": opts.nidx,
             "reps": opts.reps,
             "copy_bytes": opts.copy_mib << 20,
+            "scatter": not opts.no_scatter,
             "deadline": time.time() + timeout,
         }
         rows, error = run_spawn_rows(_body, ranks, cfg, timeout)

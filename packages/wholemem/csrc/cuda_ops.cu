@@ -27,66 +27,27 @@ int device_count() { return dc::device_count(); }
 
 namespace {
 
-/// Elements moved as raw words of their size (gather / scatter need no arithmetic).
-struct Words16 {
-  uint64_t lo, hi;
-};
-
 /// Where a table's error word lives: right after its chunk array.
 unsigned long long* error_word(uintptr_t dev_chunks, size_t nchunks) {
   return reinterpret_cast<unsigned long long*>(dev_chunks + std::max<size_t>(nchunks, 1) * sizeof(uintptr_t));
 }
 
-template <class T, class I>
-__global__ void gather_kernel(RowWindow<T> w, const I* idx, int64_t n, T* out, unsigned long long* err) {
-  const int64_t total = n * w.ncols;
-  for (int64_t f = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; f < total; f += int64_t(gridDim.x) * blockDim.x)
-    if (!window_gather(w, idx, out, f)) atomicMin(err, static_cast<unsigned long long>(f / w.ncols));
-}
-
-template <class T, class I>
-__global__ void scatter_kernel(RowWindow<T> w, const I* idx, int64_t n, const T* vals, unsigned long long* err) {
-  const int64_t total = n * w.ncols;
-  for (int64_t f = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; f < total; f += int64_t(gridDim.x) * blockDim.x)
-    if (!window_scatter(w, idx, vals, f)) atomicMin(err, static_cast<unsigned long long>(f / w.ncols));
-}
-
-template <class T, class I>
-__global__ void scatter_add_kernel(RowWindow<T> w, const I* idx, int64_t n, const T* vals, float alpha,
-                                   unsigned long long* err) {
-  const int64_t total = n * w.ncols;
-  for (int64_t f = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; f < total; f += int64_t(gridDim.x) * blockDim.x) {
-    int64_t i, j;
-    distkit::split_flat(f, w.ncols, i, j);
-    const int64_t r = static_cast<int64_t>(idx[i]);
-    if (w.valid(r)) {
-      dc::atomic_add_scaled(&w.at(r, j), vals[f], alpha);
-    } else {
-      atomicMin(err, static_cast<unsigned long long>(i));
-    }
-  }
-}
-
+/// The rows of distkit/rows_vec.hpp (whole rows as the widest aligned words, one index
+/// load and chunk lookup per row, several rows in flight per lane group) over the window;
+/// bad indices (possible only inside graph capture) are skipped and recorded in the
+/// table's error word. `T` is the element type the scatter-add accumulates.
 template <class T, class I>
 void launch_rows(RowOp op, const TableDesc& d, uintptr_t dev_chunks, const Window& win, uintptr_t idx, int64_t n,
                  uintptr_t data, float alpha, cudaStream_t s) {
-  distkit::RowTable<T> base{reinterpret_cast<T* const*>(dev_chunks), d.rows_per_chunk, d.nrows, d.ncols,
-                            d.row_stride, d.col_stride};
-  const RowWindow<T> w{base, win.row0, win.col0, win.nrows, win.ncols};
-  const I* ix = reinterpret_cast<const I*>(idx);
-  T* p = reinterpret_cast<T*>(data);
-  unsigned long long* err = error_word(dev_chunks, d.chunks.size());
-  const auto cfg = dc::launch_config(n * win.ncols);
-  switch (op) {
-    case RowOp::Gather: gather_kernel<<<cfg.blocks, cfg.threads, 0, s>>>(w, ix, n, p, err); break;
-    case RowOp::Scatter: scatter_kernel<<<cfg.blocks, cfg.threads, 0, s>>>(w, ix, n, p, err); break;
-    case RowOp::ScatterAdd:
-      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-        scatter_add_kernel<<<cfg.blocks, cfg.threads, 0, s>>>(w, ix, n, p, alpha, err);
-      }
-      break;
-  }
-  dc::check(cudaGetLastError(), "wholemem row kernel launch");
+  const distkit::ByteRows t = distkit::make_byte_rows(
+      reinterpret_cast<char* const*>(dev_chunks), d.chunks.at(0), d.chunks.size(), d.rows_per_chunk, win.nrows,
+      win.row0, win.col0, win.ncols, distkit::itemsize(d.dtype), d.row_stride, d.col_stride);
+  const int w = distkit::choose_word_bytes(t, d.chunks.data(), d.chunks.size(), data);
+  const distkit::RowMove m = op == RowOp::Gather    ? distkit::RowMove::Gather
+                             : op == RowOp::Scatter ? distkit::RowMove::Scatter
+                                                    : distkit::RowMove::ScatterAdd;
+  dc::launch_row_words<T, I>(m, t, w, reinterpret_cast<const I*>(idx), n, reinterpret_cast<char*>(data), alpha,
+                             error_word(dev_chunks, d.chunks.size()), s);
 }
 
 template <class T>
@@ -207,19 +168,13 @@ void row_op(RowOp op, const TableDesc& d, uintptr_t dev_chunks, int device, cons
   // them in the table's error word, reported by the next validated call on this table.
   if (!dc::stream_capturing(s)) validate_any(idx, idx64, n, w.nrows, error_word(dev_chunks, d.chunks.size()), s);
   if (w.ncols == 0) return;
-  switch (d.dtype) {
-    case DType::Float32: launch_typed<float>(op, d, dev_chunks, w, idx, idx64, n, data, alpha, s); break;
-    case DType::Float64: launch_typed<double>(op, d, dev_chunks, w, idx, idx64, n, data, alpha, s); break;
-    default:
-      switch (distkit::itemsize(d.dtype)) {
-        case 1: launch_typed<uint8_t>(op, d, dev_chunks, w, idx, idx64, n, data, alpha, s); break;
-        case 2: launch_typed<uint16_t>(op, d, dev_chunks, w, idx, idx64, n, data, alpha, s); break;
-        case 4: launch_typed<uint32_t>(op, d, dev_chunks, w, idx, idx64, n, data, alpha, s); break;
-        case 8: launch_typed<uint64_t>(op, d, dev_chunks, w, idx, idx64, n, data, alpha, s); break;
-        case 16: launch_typed<Words16>(op, d, dev_chunks, w, idx, idx64, n, data, alpha, s); break;
-        default:
-          throw distkit::TypeError(distkit::str("CUDA row ops do not support ", distkit::dtype_name(d.dtype)));
-      }
+  // Gather and scatter move raw words whatever the dtype; only the add needs the element type.
+  if (op != RowOp::ScatterAdd) {
+    launch_typed<uint8_t>(op, d, dev_chunks, w, idx, idx64, n, data, alpha, s);
+  } else if (d.dtype == DType::Float32) {
+    launch_typed<float>(op, d, dev_chunks, w, idx, idx64, n, data, alpha, s);
+  } else {
+    launch_typed<double>(op, d, dev_chunks, w, idx, idx64, n, data, alpha, s);
   }
 }
 

@@ -5,9 +5,11 @@
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda.hpp"
 #include "rows.hpp"
+#include "rows_vec.hpp"
 
 namespace distkit {
 namespace cuda {
@@ -107,19 +109,9 @@ BadIndex find_bad_index(const I* idx, int64_t n, int64_t nrows, cudaStream_t s) 
   return bad;
 }
 
-template <class T, class I>
-__global__ void gather_rows_kernel(RowTable<T> t, const I* idx, int64_t n, T* out) {
-  const int64_t total = n * t.ncols;
-  for (int64_t f = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; f < total; f += int64_t(gridDim.x) * blockDim.x)
-    gather_element(t, idx, out, f);
-}
-
-template <class T, class I>
-__global__ void scatter_rows_kernel(RowTable<T> t, const I* idx, int64_t n, const T* vals) {
-  const int64_t total = n * t.ncols;
-  for (int64_t f = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; f < total; f += int64_t(gridDim.x) * blockDim.x)
-    scatter_element(t, idx, vals, f);
-}
+/// The element types the device scatter-add accumulates (with atomicAdd).
+template <class T>
+struct has_atomic_add : std::integral_constant<bool, std::is_same_v<T, float> || std::is_same_v<T, double>> {};
 
 /// Device-side accumulation: atomics where the hardware has them.
 template <class T>
@@ -127,38 +119,77 @@ __device__ inline void atomic_add_scaled(T* p, T v, float alpha) {
   atomicAdd(p, static_cast<T>(alpha * v));
 }
 
-template <class T, class I>
-__global__ void scatter_add_rows_kernel(RowTable<T> t, const I* idx, int64_t n, const T* vals, float alpha) {
-  const int64_t total = n * t.ncols;
-  for (int64_t f = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; f < total; f += int64_t(gridDim.x) * blockDim.x) {
-    int64_t i, j;
-    split_flat(f, t.ncols, i, j);
-    atomic_add_scaled(&t.at(static_cast<int64_t>(idx[i]), j), vals[f], alpha);
-  }
+/// Where a group of `G` lanes (a power of two up to 32) starts, and how many groups the grid has.
+struct LaneGroups {
+  int lane, G;
+  int64_t group, ngroups;
+  __device__ explicit LaneGroups(int g)
+      : lane(static_cast<int>(threadIdx.x) & (g - 1)),
+        G(g),
+        group((blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / g),
+        ngroups(int64_t(gridDim.x) * blockDim.x / g) {}
+};
+
+/// Record the lowest bad position of a row call in the error word (if any).
+__device__ inline void note_bad(unsigned long long* err, int64_t bad) {
+  if (bad >= 0 && err != nullptr) atomicMin(err, static_cast<unsigned long long>(bad));
 }
 
-template <class T, class I>
-void gather_rows(const RowTable<T>& t, const I* idx, int64_t n, T* out, cudaStream_t s) {
-  if (n == 0 || t.ncols == 0) return;
-  auto cfg = launch_config(n * t.ncols);
-  gather_rows_kernel<<<cfg.blocks, cfg.threads, 0, s>>>(t, idx, n, out);
-  check(cudaGetLastError(), "gather_rows_kernel launch");
+/// The row functions of rows_vec.hpp over every row group of the grid.
+template <int W, class I>
+__global__ void gather_words_kernel(ByteRows t, const I* idx, int64_t n, char* out, int G, unsigned long long* err) {
+  const LaneGroups g(G);
+  for (int64_t i0 = g.group * kRowsInFlight; i0 < n; i0 += g.ngroups * kRowsInFlight)
+    note_bad(err, gather_rows_group<W, kRowsInFlight>(t, idx, i0, n, out, g.lane, G));
 }
 
-template <class T, class I>
-void scatter_rows(const RowTable<T>& t, const I* idx, int64_t n, const T* vals, cudaStream_t s) {
-  if (n == 0 || t.ncols == 0) return;
-  auto cfg = launch_config(n * t.ncols);
-  scatter_rows_kernel<<<cfg.blocks, cfg.threads, 0, s>>>(t, idx, n, vals);
-  check(cudaGetLastError(), "scatter_rows_kernel launch");
+template <int W, class I>
+__global__ void scatter_words_kernel(ByteRows t, const I* idx, int64_t n, const char* vals, int G,
+                                     unsigned long long* err) {
+  const LaneGroups g(G);
+  for (int64_t i0 = g.group * kRowsInFlight; i0 < n; i0 += g.ngroups * kRowsInFlight)
+    note_bad(err, scatter_rows_group<W, kRowsInFlight>(t, idx, i0, n, vals, g.lane, G));
 }
 
+template <class T, int W, class I>
+__global__ void scatter_add_words_kernel(ByteRows t, const I* idx, int64_t n, const char* vals, float alpha, int G,
+                                         unsigned long long* err) {
+  const LaneGroups g(G);
+  auto add = [](T* e, T v, float a) { atomic_add_scaled(e, v, a); };
+  for (int64_t i0 = g.group * kRowsInFlight; i0 < n; i0 += g.ngroups * kRowsInFlight)
+    note_bad(err, scatter_add_rows_group<T, W>(t, idx, i0, n, kRowsInFlight, vals, alpha, g.lane, G, add));
+}
+
+/// Grid for `n` rows moved by groups of G lanes, kRowsInFlight rows per group and pass.
+inline LaunchConfig row_launch_config(int64_t n, int G) {
+  const int64_t groups = (n + kRowsInFlight - 1) / kRowsInFlight;
+  return launch_config(groups * G);
+}
+
+/// Launch the gather / scatter / scatter-add of `n` rows of `t` (chunk array in device
+/// memory) with `w`-byte words (choose_word_bytes); `T` is the element type of the add.
+/// Bad indices are skipped and their lowest position recorded in `err` (may be null).
 template <class T, class I>
-void scatter_add_rows(const RowTable<T>& t, const I* idx, int64_t n, const T* vals, float alpha, cudaStream_t s) {
+void launch_row_words(RowMove op, const ByteRows& t, int w, const I* idx, int64_t n, char* data, float alpha,
+                      unsigned long long* err, cudaStream_t s) {
   if (n == 0 || t.ncols == 0) return;
-  auto cfg = launch_config(n * t.ncols);
-  scatter_add_rows_kernel<<<cfg.blocks, cfg.threads, 0, s>>>(t, idx, n, vals, alpha);
-  check(cudaGetLastError(), "scatter_add_rows_kernel launch");
+  dispatch_word(w, [&](auto wc) {
+    constexpr int W = decltype(wc)::value;
+    const int G = lanes_per_row(row_words(t, W));
+    const auto cfg = row_launch_config(n, G);
+    if (op == RowMove::Gather) {
+      gather_words_kernel<W, I><<<cfg.blocks, cfg.threads, 0, s>>>(t, idx, n, data, G, err);
+    } else if (op == RowMove::Scatter) {
+      scatter_words_kernel<W, I><<<cfg.blocks, cfg.threads, 0, s>>>(t, idx, n, data, G, err);
+    } else if constexpr (!has_atomic_add<T>::value) {
+      throw TypeError("CUDA scatter-add supports float32 and float64 only");
+    } else if constexpr (W >= static_cast<int>(sizeof(T))) {
+      scatter_add_words_kernel<T, W, I><<<cfg.blocks, cfg.threads, 0, s>>>(t, idx, n, data, alpha, G, err);
+    } else {
+      throw ValueError(str("scatter-add needs elements aligned to their size (", sizeof(T), " bytes), got ", W));
+    }
+  });
+  check(cudaGetLastError(), "row kernel launch");
 }
 
 }  // namespace cuda

@@ -23,7 +23,28 @@ def row_op(
     alpha: float = 1.0,
     on_device: bool = False,
     stream: int = 0,
+    validate: bool = True,
 ) -> None: ...
+def row_op_words(
+    op: str,
+    chunks: Sequence[int],
+    rows_per_chunk: int,
+    nrows: int,
+    row0: int,
+    col0: int,
+    ncols: int,
+    row_stride: int,
+    col_stride: int,
+    dtype: int,
+    idx: int,
+    idx64: bool,
+    n: int,
+    data: int,
+    alpha: float = 1.0,
+    lanes: int = 0,
+) -> int: ...
+def row_locate(rows_per_chunk: int, nchunks: int, row0: int, row_stride_bytes: int, r: int) -> tuple[int, int]: ...
+def word_bytes_for(bits: int) -> int: ...
 def fsync_path(path: str) -> None: ...
 def exchange_paths(a: str, b: str) -> bool: ...
 def random_token(nbytes: int = 16) -> str: ...

@@ -36,7 +36,7 @@ from ._signatures import (
     exchange,
     signature,
 )
-from ._staging import from_mpi, mpi_empty, sync_device, to_mpi, write_back
+from ._staging import from_mpi, mpi_empty, release, staged, sync_device, to_mpi, write_back
 
 Tensor = torch.Tensor
 
@@ -80,7 +80,33 @@ def allreduce(comm: int, t: Tensor, op: int, nb: bool = False) -> Any:
     # a CUDA input staged through host memory gets a pinned output too (its copy back is faster)
     out = mpi_empty(x.shape, t) if t.is_cuda else new_output(x)
     args = (comm, x.data_ptr(), out.data_ptr(), x.nbytes, CODE[x.dtype], op)
-    return _run(nb, _mpiad.allreduce_fast, _mpiad.iallreduce, args, (x, out), lambda: from_mpi(out, t))
+
+    def finish() -> Tensor:
+        result = from_mpi(out, t)  # a synchronous copy: the staging buffers are free after it
+        release(t, x, out)
+        return result
+
+    return _run(nb, _mpiad.allreduce_fast, _mpiad.iallreduce, args, (x, out), finish)
+
+
+def allreduce_out(comm: int, t: Tensor, op: int, out: Tensor) -> Tensor:
+    """Blocking Allreduce of ``t`` into ``out`` (checked by the caller: same device, shape, dtype).
+
+    A CUDA tensor staged through host memory is reduced in place in one pooled pinned
+    buffer and copied straight into ``out``: no device tensor is allocated.
+    """
+    debug_check(comm, OP_ALLREDUCE, t, op)
+    x = to_mpi(t)  # (values of a lazy conjugate/negative view; a pooled host copy when staged)
+    if staged(t):
+        _mpiad.allreduce_fast(comm, x.data_ptr(), x.data_ptr(), x.nbytes, CODE[x.dtype], op)  # in place
+        with torch.no_grad():
+            out.copy_(x)  # synchronous from pinned memory
+        release(t, x)
+    else:
+        if out.is_cuda:
+            sync_device(out)  # kernels still reading out finish before MPI writes it
+        _mpiad.allreduce_fast(comm, x.data_ptr(), out.data_ptr(), x.nbytes, CODE[x.dtype], op)
+    return out
 
 
 def bcast_into(comm: int, t: Tensor, root: int, nb: bool = False) -> Any:
@@ -89,7 +115,8 @@ def bcast_into(comm: int, t: Tensor, root: int, nb: bool = False) -> Any:
     x = to_mpi(t)
 
     def finish() -> Tensor:
-        write_back(t, x)
+        write_back(t, x)  # a synchronous copy: x is free after it
+        release(t, x)
         return t
 
     args = (comm, x.data_ptr(), x.numel(), CODE[x.dtype], root)
@@ -112,6 +139,7 @@ def reduce_into(comm: int, t: Tensor, op: int, root: int, rank: int, nb: bool = 
                 t.zero_()
             else:
                 write_back(t, x)
+        release(t, x)
         return t
 
     args = (comm, x.data_ptr(), x.data_ptr(), x.numel(), CODE[x.dtype], op, root)

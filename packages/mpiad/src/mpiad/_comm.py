@@ -43,8 +43,6 @@ from ._debug import state as _debug
 from ._errors import MpiadTypeError, MpiadValueError
 from ._handles import WaitHandle
 from ._pool import POOL_MIN_BYTES, new_output
-from ._signatures import OP_ALLREDUCE, debug_check
-from ._staging import to_mpi
 
 Tensor = torch.Tensor
 
@@ -58,7 +56,6 @@ _AllreduceSmall = F.AllreduceSmall
 _apply_small = F.apply_small
 _functorch_active = F.functorch_active
 _unwrap_if_dead = F.unwrap_if_dead
-_allreduce_fast = _mpiad.allreduce_fast
 _allreduce_tensor = _mpiad.allreduce_tensor
 #: whether the C latency path is on (False only where a torch release defines a
 #: tensor attribute it reads in Python; every call then takes the Python path)
@@ -81,7 +78,7 @@ def _needs_grad(t: Tensor) -> bool:
 def _check_out(out: Any, t: Tensor) -> None:
     if not (
         isinstance(out, torch.Tensor)
-        and out.is_cpu
+        and out.device == t.device
         and out.layout == torch.strided
         and not out.is_nested
         and out.is_contiguous()
@@ -89,10 +86,12 @@ def _check_out(out: Any, t: Tensor) -> None:
         and out.shape == t.shape
         and not out.requires_grad
     ):
-        raise MpiadValueError("out must be a contiguous CPU tensor of the input's shape and dtype, without grad")
+        raise MpiadValueError(
+            "out must be a contiguous tensor on the input's device, of its shape and dtype, without grad"
+        )
     if out.is_conj() or out.is_neg():
         raise MpiadValueError("out must hold its own values, not a lazy conjugate or negative view (resolve_conj())")
-    if out is not t and out.nbytes and t.is_cpu:
+    if out is not t and out.nbytes:
         a, b, n = t.data_ptr(), out.data_ptr(), t.nbytes
         if a != b and a < b + n and b < a + n:
             raise MpiadValueError("out overlaps the input without being it (MPI forbids partly aliased buffers)")
@@ -125,10 +124,6 @@ def _script_numelem(tensor: Tensor, axis: int, numelem: int | None, size: int) -
     if n % size != 0:
         raise ValueError(f"Reduce_scatter: size {n} along axis {axis} does not divide by {size} ranks; pass numelem")
     return n // size
-
-
-def _code(t: Tensor) -> int:
-    return CODE[t.dtype]
 
 
 def _default_numelem(t: Tensor, axis: int, size: int, name: str) -> int:
@@ -222,9 +217,10 @@ class Communicator:
             One of the ``MPI_*`` constants. Differentiable: SUM, MAX, MIN, PROD,
             MINLOC, MAXLOC (pairs in the last dimension).
         out : torch.Tensor, optional
-            (mpiad extension, no autograd, not under TorchScript) a contiguous CPU
-            tensor of the same shape and dtype to write the result into, instead of
-            a new tensor; may be ``tensor`` itself (MPI_IN_PLACE), but not partly
+            (mpiad extension, no autograd, not under TorchScript) a contiguous
+            tensor on the input's device (CPU or CUDA), of the same shape and dtype,
+            to write the result into, instead of a new tensor (a CUDA result staged
+            through host memory is copied straight into it); may be ``tensor`` itself (MPI_IN_PLACE), but not partly
             overlap it. Its autograd version counter is bumped, as by torch's
             ``out=`` ops.
 
@@ -257,12 +253,10 @@ class Communicator:
             t = check_tensor(tensor)
             op = check_op(op, t)
             if out is not None:
-                if _needs_grad(t) or not t.is_cpu or not t.is_contiguous() or _is_compiling():
-                    raise MpiadValueError("out= is only supported for contiguous CPU tensors that do not require grad")
+                if _needs_grad(t) or not t.is_contiguous() or _is_compiling():
+                    raise MpiadValueError("out= is only supported for contiguous tensors that do not require grad")
                 _check_out(out, t)
-                debug_check(self._handle, OP_ALLREDUCE, t, op)
-                x = to_mpi(t)  # (values of a lazy conjugate/negative view)
-                _allreduce_fast(self._handle, x.data_ptr(), out.data_ptr(), t.nbytes, _code(t), op)
+                _coll.allreduce_out(self._handle, t, op, out)
                 torch.autograd.graph.increment_version(out)  # as torch's out= ops do
                 return out
             if _is_compiling():

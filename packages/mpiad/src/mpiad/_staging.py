@@ -2,7 +2,9 @@
 
 Device pointers go to MPI only when the library is CUDA-aware
 (``MPIX_Query_cuda_support``); otherwise CUDA tensors travel through pinned host
-buffers, copied synchronously so the kernels producing them are complete.
+buffers, copied synchronously so the kernels producing them are complete. The
+host buffers come from a cache of pinned buffers by size class (_pinned.py) and go
+back to it with :func:`release` once MPI and the copy back are done.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from . import _mpiad
+from ._pinned import pool
 
 Tensor = torch.Tensor
 
@@ -56,7 +59,7 @@ def to_mpi(t: Tensor) -> Tensor:
         t = t.resolve_conj().resolve_neg()
     if t.is_cuda:
         if not cuda_aware():
-            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host = pool.take(t.shape, t.dtype)
             host.copy_(t)  # synchronous: waits for the kernels that produce t
             return host
         x = t if t.is_contiguous() else t.contiguous()
@@ -78,7 +81,7 @@ def mpi_empty(shape: Sequence[int], like: Tensor) -> Tensor:
     """An uninitialised receive buffer for ``like``'s dtype where MPI can write."""
     if like.is_cuda:
         if not cuda_aware():
-            return torch.empty(tuple(shape), dtype=like.dtype, pin_memory=True)
+            return pool.take(tuple(shape), like.dtype)
         buf = torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
         # the caching allocator may hand out memory that kernels still queued on the
         # current stream use; MPI writes outside the stream, so let them finish
@@ -92,3 +95,18 @@ def write_back(dst: Tensor, src: Tensor) -> None:
     if src is not dst:
         with torch.no_grad():
             dst.copy_(src)
+
+
+def staged(like: Tensor) -> bool:
+    """Whether :func:`to_mpi` / :func:`mpi_empty` give pooled host buffers for ``like``."""
+    return like.is_cuda and not cuda_aware()
+
+
+def release(like: Tensor, *bufs: Tensor) -> None:
+    """Give the staging buffers of a call on ``like`` back to the pool (when they are pooled).
+
+    Call only when MPI and every copy out of them are complete; they must not be used after.
+    """
+    if staged(like):
+        for b in bufs:
+            pool.give(b)

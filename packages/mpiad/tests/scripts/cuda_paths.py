@@ -77,6 +77,22 @@ def collectives() -> None:
     # float16 on the device
     h = torch.full((5,), float(rank + 1), dtype=torch.float16, device=DEV)
     assert torch.equal(comm.Allreduce(h, S.MPI_SUM).cpu(), torch.full((5,), size * (size + 1) / 2).half())
+    # out= on the device: the staged result is copied straight into it; in place too
+    x = torch.full((1000,), float(rank + 1), device=DEV)
+    out = torch.empty_like(x)
+    assert comm.Allreduce(x, S.MPI_SUM, out=out) is out
+    assert torch.equal(out.cpu(), torch.full((1000,), size * (size + 1) / 2))
+    assert comm.Allreduce(x, S.MPI_MAX, out=x) is x and torch.equal(x.cpu(), torch.full((1000,), float(size)))
+    # staging buffers come back to the pinned pool and are reused (no new cudaHostAlloc)
+    from mpiad import _pinned
+
+    if not mpiad.cuda_aware():
+        comm.Allreduce(x, S.MPI_SUM)
+        misses = _pinned.pool.misses
+        for _ in range(5):
+            comm.Allreduce(x, S.MPI_SUM, out=out)
+            comm.Allreduce(x, S.MPI_SUM)
+        assert _pinned.pool.misses == misses, (misses, _pinned.pool.misses)
 
 
 def p2p() -> None:

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from distkit_common.dtypes import code_of
+from distkit_common import _distkit_common as _common
+from distkit_common.dtypes import CODES, code_of
 
 from . import _binding, _checks, _gpu, _hostmap, _registry
 from ._layout import local_range, plain_table_args
@@ -62,14 +63,46 @@ def plain_table(t: torch.Tensor) -> Table | None:
     return Table([int(t.data_ptr())], max(nrows, 1), nrows, ncols, rs, cs, code_of(t.dtype), False)
 
 
+def _device_rows(op: str, t: torch.Tensor, didx: torch.Tensor, data: torch.Tensor) -> bool:
+    """Run ``op`` on a CUDA tensor ``t`` with distkit-common's row kernels (whole rows as
+    the widest aligned words); False where they do not apply (distkit-common built without
+    CUDA, a dtype without a code, a layout that is not one strided row table, a
+    non-contiguous ``data``, rows that overlap). ``didx`` must be checked already: the
+    kernels skip bad rows without a report (no stream synchronisation)."""
+    if t.device.type != "cuda" or not _CUDA_ROWS or str(t.dtype).removeprefix("torch.") not in CODES:
+        return False
+    args = plain_table_args(t)
+    if args is None:
+        return False
+    nrows, ncols, rs, cs = args
+    # a scatter into rows that share memory is left to torch (which rejects it)
+    if not data.is_contiguous() or (op != "gather" and ncols > 1 and (cs < 1 or rs < (ncols - 1) * cs + 1)):
+        return False
+    if op != "gather" and (rs < 1 and nrows > 1):
+        return False
+    if didx.numel() and ncols:
+        _common.row_op(
+            op, [int(t.data_ptr())], max(nrows, 1), nrows, ncols, rs, cs, code_of(t.dtype),
+            int(didx.data_ptr()), didx.dtype == torch.int64, int(didx.numel()), int(data.data_ptr()),
+            on_device=True, stream=torch.cuda.current_stream(t.device).cuda_stream, validate=False,
+        )  # fmt: skip
+    return True
+
+
+#: whether distkit-common's row kernels were compiled (they also need a visible GPU, as `t` is on one)
+_CUDA_ROWS = bool(_common.cuda_compiled())
+
+
 def gather(t: torch.Tensor, indices: Any, out: torch.Tensor | None) -> torch.Tensor:
-    """``out[i] = t[indices[i]]`` (CPU: the native threaded gather; a GPU tensor: torch's
-    kernel after the indices were checked on the GPU)."""
+    """``out[i] = t[indices[i]]`` (CPU: the native threaded gather; a GPU tensor: the row
+    kernels of distkit-common, or torch's where they do not apply, after the indices were
+    checked on the GPU)."""
     row_shape = tuple(t.shape[1:])
     if t.device.type != "cpu":
         didx = _checks.indices(indices, t.device, int(t.shape[0]))
         o = _checks.out_rows(out, didx.numel(), row_shape, t.dtype, t.device)
-        torch.index_select(t, 0, didx, out=o)
+        if not _device_rows("gather", t, didx, o):
+            torch.index_select(t, 0, didx, out=o)
         return o
     idx = _checks.cpu_indices(indices, int(t.shape[0]))
     o = _checks.out_rows(out, idx.numel(), row_shape, t.dtype, t.device)
@@ -87,7 +120,8 @@ def scatter(t: torch.Tensor, indices: Any, values: Any) -> None:
     if t.device.type != "cpu":
         didx = _checks.indices(indices, t.device, int(t.shape[0]))
         vals = _checks.rows_in(values, "values", didx.numel(), row_shape, t.dtype, t.device)
-        t.index_copy_(0, didx.to(torch.int64), vals)
+        if not _device_rows("scatter", t, didx, vals):
+            t.index_copy_(0, didx.to(torch.int64), vals)
         return
     idx = _checks.cpu_indices(indices, int(t.shape[0]))
     vals = _checks.rows_in(values, "values", idx.numel(), row_shape, t.dtype, t.device).contiguous()
