@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import atexit as _atexit
 
-import mpi4py.MPI as _MPI  # initialises MPI (MPI_THREAD_MULTIPLE) and loads libmpi first
+import mpi4py.MPI as _MPI  # noqa: F401  (initialises MPI (MPI_THREAD_MULTIPLE) and loads libmpi first)
 
 from . import (
     _library,  # noqa: F401  (registers the torch.compile custom ops)
     _mpiad,
 )
 from ._algo import configure as _configure_allreduce  # noqa: F401  (reads MPIAD_ALLREDUCE / MPIAD_LARGE_BYTES)
-from ._comm import Communicator, JoinDummies, JoinDummiesHandle, MPI_Communicator, comm_from_mpi4py
+from ._comm import COMM_WORLD, Communicator, MPI_Communicator, comm_from_mpi4py
 from ._constants import (
     MPI_AVG,
     MPI_BAND,
@@ -36,13 +36,11 @@ from ._constants import (
 from ._data_parallel import DataParallel
 from ._debug import debug_enabled, set_debug
 from ._errors import MpiadTypeError, MpiadValueError
-from ._handles import WaitHandle
+from ._handles import JoinDummiesHandle, WaitHandle
+from ._join import JoinDummies
 from ._pool import empty_cache
 from ._staging import cuda_aware, deactivate_cuda_aware_mpi_support
 from ._version import __version__
-
-#: The world communicator (``MPI_COMM_WORLD``).
-COMM_WORLD: Communicator = Communicator(_MPI.COMM_WORLD)
 
 # the non-blocking engine's worker finishes its queue before mpi4py finalises MPI
 _atexit.register(_mpiad.shutdown)

@@ -745,43 +745,5 @@ def comm_from_mpi4py(comm: Any) -> Communicator:
     return Communicator(comm)
 
 
-def JoinDummies(loopthrough: Tensor, dummies: list[Tensor]) -> Tensor:
-    """Return ``loopthrough`` unchanged, but make autograd see a dependency on ``dummies``.
-
-    The dummies receive zero gradients (after ``loopthrough``'s gradient is known),
-    which orders communication in the backward pass. Scriptable (TorchScript).
-
-    Raises
-    ------
-    TypeError
-        ``loopthrough`` or an entry of ``dummies`` is not a tensor.
-    """
-    if _is_scripting():
-        return torch.ops.mpiad.join_dummies(loopthrough, dummies)
-    else:
-        if not isinstance(loopthrough, torch.Tensor):
-            raise MpiadTypeError(f"JoinDummies: loopthrough must be a torch.Tensor, got {type(loopthrough).__name__}")
-        ds = list(dummies) if isinstance(dummies, (list, tuple)) else None
-        if ds is None:
-            raise MpiadTypeError(f"JoinDummies: dummies must be a list of tensors, got {type(dummies).__name__}")
-        for i, d in enumerate(ds):
-            if not isinstance(d, torch.Tensor):
-                raise MpiadTypeError(
-                    f"JoinDummies: dummies[{i}] must be a torch.Tensor, got {type(d).__name__} (pass handle.dummy for handles)"
-                )
-        if _is_compiling():
-            return torch.ops.mpiad.join_dummies(loopthrough, ds)
-        if torch.is_grad_enabled() and any(d.requires_grad for d in ds):
-            return F.JoinDummies.apply(loopthrough, *ds)
-        return loopthrough
-
-
-def JoinDummiesHandle(handle: WaitHandle, dummies: list[Tensor]) -> WaitHandle:
-    """:func:`JoinDummies` for a :class:`WaitHandle` as first argument.
-
-    Raises
-    ------
-    TypeError
-        Not a handle, or bad dummies.
-    """
-    return _handles.join_dummies_handle(handle, dummies)
+#: The world communicator (``MPI_COMM_WORLD``).
+COMM_WORLD: Communicator = Communicator(MPI.COMM_WORLD)

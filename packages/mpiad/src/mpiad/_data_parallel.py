@@ -36,7 +36,7 @@ import torch
 
 from . import _mpiad
 from ._checks import CODE, check_tensor
-from ._comm import Communicator
+from ._comm import COMM_WORLD, Communicator
 from ._constants import MPI_AVG, MPI_SUM
 from ._errors import MpiadTypeError, MpiadValueError
 from ._signatures import NONBLOCKING, OP_ALLREDUCE, debug_check
@@ -116,8 +116,6 @@ class DataParallel(torch.nn.Module):
         if not isinstance(module, torch.nn.Module):
             raise MpiadTypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
         if comm is None:
-            from . import COMM_WORLD
-
             comm = COMM_WORLD
         if not isinstance(comm, Communicator):
             raise MpiadTypeError(f"comm must be an mpiad Communicator, got {type(comm).__name__}")

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ._errors import MpiadTypeError
+from ._join import JoinDummies
 
 Tensor = torch.Tensor
 
@@ -189,9 +190,14 @@ def wait(handle: WaitHandle) -> Tensor:
     return result.detach() if result.requires_grad else result
 
 
-def join_dummies_handle(handle: WaitHandle, dummies: list[Tensor]) -> WaitHandle:
-    from ._comm import JoinDummies
+def JoinDummiesHandle(handle: WaitHandle, dummies: list[Tensor]) -> WaitHandle:
+    """:func:`JoinDummies` for a :class:`WaitHandle` as first argument.
 
+    Raises
+    ------
+    TypeError
+        Not a handle, or bad dummies.
+    """
     if not isinstance(handle, WaitHandle):
         raise MpiadTypeError(f"JoinDummiesHandle expects a WaitHandle, got {type(handle).__name__}")
     return WaitHandle(JoinDummies(handle._dummy, dummies), handle._link)

@@ -15,7 +15,7 @@ differentiable again (double backward), as for the blocking ops.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -24,11 +24,33 @@ from . import _grad
 from ._constants import MPI_SUM
 from ._functions import EagerBackend
 from ._handles import Link, WaitHandle, make_handle, saved_tensor
-
-if TYPE_CHECKING:
-    from ._comm import Communicator
+from ._join import JoinDummies
 
 Tensor = torch.Tensor
+
+
+class Communicator(Protocol):
+    """What the adjoints need of the communicator (:class:`mpiad.Communicator` is one): its
+    handle, rank and size, and its differentiable non-blocking methods (so that a backward under
+    ``create_graph=True`` is differentiable again)."""
+
+    @property
+    def handle(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    def Iallreduce(self, tensor: Tensor, op: int = ...) -> WaitHandle: ...
+    def Ibcast_(self, tensor: Tensor, root: int) -> WaitHandle: ...
+    def Ireduce_(self, tensor: Tensor, op: int, root: int) -> WaitHandle: ...
+    def Igather(self, tensor: Tensor, gatheraxis: int, root: int) -> WaitHandle: ...
+    def Iallgather(self, tensor: Tensor, gatheraxis: int) -> WaitHandle: ...
+    def Iscatter(self, tensor: Tensor, scatteraxis: int, numelem: int, root: int) -> WaitHandle: ...
+    def Ialltoall(self, tensor: Tensor, gatheraxis: int, scatteraxis: int, numelem: int) -> WaitHandle: ...
+    def Ireduce_scatter(
+        self, tensor: Tensor, op: int = ..., scatteraxis: int = ..., numelem: int | None = ...
+    ) -> WaitHandle: ...
+    def Wait(self, waithandle: WaitHandle) -> Tensor: ...
 
 
 def _link(h: WaitHandle) -> Link:
@@ -146,8 +168,6 @@ def iscatter(c: Communicator, t: Tensor, axis: int, numelem: int, root: int) -> 
         if c.rank != root:
             # non-roots get zeros; the empty gathered part stays in the graph so that a
             # double backward runs its Scatter on every rank
-            from ._comm import JoinDummies
-
             return JoinDummies(torch.zeros(xshape, dtype=xdtype, device=xdevice), [gx])
         return gx
 

@@ -29,6 +29,10 @@ from ._tag import (
 )
 from ._version import __version__
 
+# F.cross_entropy on class-split logits computes the vocab-parallel loss: the tag module sits below
+# the communication ops that loss is built on, so the loss is attached here, above both
+ParallelTensor._vocab_parallel_loss = nn.functional.parallel_cross_entropy
+
 __all__ = [
     "_ORDER_ATTR",
     "_ORDER_TYPE",

@@ -15,8 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._split import shard_extent
-from ._tag import storage_axis
+from ._tag import shard_extent, storage_axis
 
 __all__ = ["load_sharded_state_dict", "sharded_state_dict"]
 

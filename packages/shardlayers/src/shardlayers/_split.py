@@ -94,19 +94,3 @@ def slice(
     if contiguous:
         chunks = tuple(c.contiguous() for c in chunks)
     return tuple(chunks)
-
-
-def shard_extent(tensor: torch.Tensor, parts: int, index: int) -> tuple[int | None, int, int, int]:
-    """``(axis, full_size, start, length)`` of a tagged parameter's real shard on rank ``index``.
-
-    ``axis`` is None for a replicated tensor. The tensor's storage along ``axis`` may hold more
-    rows than ``length`` (padding at the end, see :func:`padded_size`).
-    """
-    from ._tag import _FULL_SIZE, storage_axis
-
-    axis = storage_axis(tensor)
-    if axis is None:
-        return None, 0, 0, 0
-    full = int(getattr(tensor, _FULL_SIZE, tensor.shape[axis] * parts))
-    start, length = partition_range(full, parts, index)
-    return axis, full, start, length

@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._split import partition_sizes, shard_extent
-from ._tag import storage_axis
+from ._split import partition_sizes
+from ._tag import shard_extent, storage_axis
 
 
 def _tagged(model: nn.Module) -> list[tuple[str, torch.Tensor]]:

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ._split import partition_range
+
 #: name of the attribute holding the parallel dimension of a tensor (TorchShard's
 #: ``_PARALLEL_DIM = 'parallel_dim'``, so ``t.parallel_dim`` works as there).
 _PARALLEL_DIM = "parallel_dim"
@@ -159,6 +161,20 @@ def storage_axis(tensor: torch.Tensor) -> int | None:
     return tensor.dim() - 1 if column else 0
 
 
+def shard_extent(tensor: torch.Tensor, parts: int, index: int) -> tuple[int | None, int, int, int]:
+    """``(axis, full_size, start, length)`` of a tagged parameter's real shard on rank ``index``.
+
+    ``axis`` is None for a replicated tensor. The tensor's storage along ``axis`` may hold more
+    rows than ``length`` (padding at the end, see :func:`padded_size`).
+    """
+    axis = storage_axis(tensor)
+    if axis is None:
+        return None, 0, 0, 0
+    full = int(getattr(tensor, _FULL_SIZE, tensor.shape[axis] * parts))
+    start, length = partition_range(full, parts, index)
+    return axis, full, start, length
+
+
 # ----------------------------------------------------------------------------------------------
 # activation tags that survive shape-preserving ops
 
@@ -275,6 +291,11 @@ class ParallelTensor(torch.Tensor):
     (e.g. Hugging Face's ``labels=``) works unchanged.
     """
 
+    #: The vocab-parallel loss that ``F.cross_entropy`` on class-split logits dispatches to:
+    #: :func:`shardlayers.nn.functional.parallel_cross_entropy`, attached by the package
+    #: ``__init__`` (it is built on the communication ops, which build on this module).
+    _vocab_parallel_loss: Callable[..., torch.Tensor] | None = None
+
     @classmethod
     def __torch_function__(
         cls,
@@ -289,9 +310,9 @@ class ParallelTensor(torch.Tensor):
             if getattr(inp, _PARALLEL_DIM, None) in (1, -1):
                 # logits split along the classes (a vocab-parallel head): F.cross_entropy on the
                 # local shard would be wrong; compute the vocab-parallel loss instead
-                from .nn.functional import parallel_cross_entropy
-
-                return parallel_cross_entropy(*args, **kwargs)
+                loss = ParallelTensor._vocab_parallel_loss
+                assert loss is not None, "shardlayers/__init__ attaches the vocab-parallel loss"
+                return loss(*args, **kwargs)
         if func in _RESHAPES:
             args = _local_shape(func, args, kwargs)
         with torch._C.DisableTorchFunctionSubclass():

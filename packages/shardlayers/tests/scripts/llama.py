@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import shardlayers as ts
 from distkit_common.testing import destroy_process_group, init_process_group
-from shardlayers._split import shard_extent
+from shardlayers._tag import shard_extent
 
 try:
     from scripts.common import close, raises

@@ -271,9 +271,14 @@ class GraphStructure:
         IndexError
             A column id out of range (every rank).
         """
-        return load_wholegraph_files(
-            cls(), comm, csr_row_ptr_file, csr_col_ind_file, col_dtype, tensor_type, edge_weight_file, weight_dtype
+        arrays = load_wholegraph_files(
+            comm, csr_row_ptr_file, csr_col_ind_file, col_dtype, tensor_type, edge_weight_file, weight_dtype
         )
+        g = cls()
+        g.set_csr_graph(arrays[0], arrays[1])
+        if edge_weight_file is not None:
+            g.set_edge_attribute(WEIGHT, arrays[2])
+        return g
 
     def save(self, directory: str | os.PathLike[str], *, num_parts: int | None = None) -> None:
         """Collective: store the arrays and attributes under ``directory`` (any number of
@@ -286,7 +291,11 @@ class GraphStructure:
         OSError
             The files cannot be written.
         """
-        save_graph(self, directory, num_parts)
+        self.require_csr()
+        arrays = {"row_ptr": self.csr_row_ptr, "col_idx": self.csr_col_ind}
+        arrays |= {f"edge_{k}": v for k, v in self.edge_attributes.items()}
+        arrays |= {f"node_{k}": v for k, v in self.node_attributes.items()}
+        save_graph(self.comm, arrays, self.node_count, self.edge_count, directory, num_parts)
 
     @classmethod
     def load(
@@ -305,7 +314,16 @@ class GraphStructure:
         ValueError
             A malformed ``graph.json`` or CSR (on every rank).
         """
-        return load_graph(cls(), comm, directory, tensor_type)
+        arrays = load_graph(comm, directory, tensor_type)
+        g = cls()
+        g.set_csr_graph(arrays.pop("row_ptr"), arrays.pop("col_idx"))
+        for name, t in arrays.items():
+            kind, attr = name.split("_", 1)
+            if kind == "edge":
+                g.set_edge_attribute(attr, t)
+            else:
+                g.set_node_attribute(attr, t)
+        return g
 
     def view(self, device: Any) -> GraphStructure:
         """The graph as seen from ``device`` (each wholemem array through

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -28,9 +28,6 @@ from ._graph_tensors import (
 from ._layout import SUPPORTED_DTYPES
 from ._tensor import WmTensorType
 
-if TYPE_CHECKING:
-    from ._graph import GraphStructure
-
 _FORMAT, _VERSION = "wholemem-graph", 1
 _DTYPES = {str(d).removeprefix("torch."): d for d in SUPPORTED_DTYPES}
 
@@ -40,7 +37,6 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def load_wholegraph_files(
-    g: GraphStructure,
     comm: Communicator,
     row_ptr_file: Any,
     col_file: Any,
@@ -48,8 +44,12 @@ def load_wholegraph_files(
     tensor_type: WmTensorType,
     weight_file: Any,
     weight_dtype: torch.dtype,
-) -> GraphStructure:
-    """Collective: WholeGraph's raw row pointer / column / weight file lists, checked."""
+) -> list[Any]:
+    """Collective: WholeGraph's raw row pointer / column (/ weight) file lists, as arrays.
+
+    Returns ``[row_ptr, col]`` or ``[row_ptr, col, weight]`` (``weight_file`` given); the
+    caller checks the CSR content when it builds the graph.
+    """
     if col_dtype not in (torch.int32, torch.int64):
         raise TypeError(f"col_dtype must be torch.int32 or torch.int64, got {col_dtype!r}")
     if weight_dtype not in (torch.float32, torch.float64):
@@ -60,27 +60,27 @@ def load_wholegraph_files(
         files.append((weight_file, weight_dtype))
     # sizes first (local, agreed), so that no rank enters a collective another one left
     counts = run_agreed(comm, step, lambda: [element_count(f, dt) for f, dt in files])
-    arrays = [create_from_file(comm, f, dt, tensor_type, n) for (f, dt), n in zip(files, counts)]
-    g.set_csr_graph(arrays[0], arrays[1])
-    if weight_file is not None:
-        g.set_edge_attribute("weight", arrays[2])
-    return g
+    return [create_from_file(comm, f, dt, tensor_type, n) for (f, dt), n in zip(files, counts)]
 
 
 def _describe(t: Any) -> dict[str, Any]:
     return {"dtype": _dtype_name(t.dtype), "shape": [int(s) for s in t.shape]}
 
 
-def save_graph(g: GraphStructure, directory: str | os.PathLike[str], num_parts: int | None) -> None:
-    """Collective: every array of ``g`` (wholemem tensors) plus ``graph.json``."""
-    g.require_csr()
-    arrays = {"row_ptr": g.csr_row_ptr, "col_idx": g.csr_col_ind}
-    arrays |= {f"edge_{k}": v for k, v in g.edge_attributes.items()}
-    arrays |= {f"node_{k}": v for k, v in g.node_attributes.items()}
+def save_graph(
+    comm: Communicator | None,
+    arrays: dict[str, Any],
+    node_count: int,
+    edge_count: int,
+    directory: str | os.PathLike[str],
+    num_parts: int | None,
+) -> None:
+    """Collective: a graph's ``arrays`` (wholemem tensors named ``row_ptr``, ``col_idx``,
+    ``edge_<name>``, ``node_<name>``) plus ``graph.json``; ``comm`` is None only for a private
+    graph (plain tensors), which raises ``TypeError``."""
     for name, t in arrays.items():
         if not is_wholemem(t):
             raise TypeError(f"GraphStructure.save: {name} is a plain tensor; save stores wholemem graphs only")
-    comm = g.comm
     assert comm is not None
     d = Path(directory)
     for prefix, t in arrays.items():
@@ -88,8 +88,8 @@ def save_graph(g: GraphStructure, directory: str | os.PathLike[str], num_parts: 
     meta = {
         "format": _FORMAT,
         "version": _VERSION,
-        "node_count": g.node_count,
-        "edge_count": g.edge_count,
+        "node_count": node_count,
+        "edge_count": edge_count,
         "arrays": {k: _describe(v) for k, v in arrays.items()},
     }
     err: Exception | None = None
@@ -162,8 +162,9 @@ def _read_all_meta(d: Path) -> dict[str, Any]:
     return meta
 
 
-def load_graph(g: GraphStructure, comm: Communicator, directory: Any, tensor_type: WmTensorType) -> GraphStructure:
-    """Collective: the graph saved under ``directory``, in tensors of ``tensor_type``, checked."""
+def load_graph(comm: Communicator, directory: Any, tensor_type: WmTensorType) -> dict[str, Any]:
+    """Collective: the arrays of the graph saved under ``directory`` (named as
+    :func:`save_graph` names them), in tensors of ``tensor_type``; every file is checked."""
     d = Path(directory)
     # every file is checked (locally, agreed) before any rank enters a collective load
     meta = run_agreed(comm, "GraphStructure.load", _read_all_meta, d)
@@ -172,11 +173,4 @@ def load_graph(g: GraphStructure, comm: Communicator, directory: Any, tensor_typ
         t = create_array(comm, a["shape"], _DTYPES[a["dtype"]], tensor_type)
         load_files(t, d, name)
         arrays[name] = t
-    g.set_csr_graph(arrays.pop("row_ptr"), arrays.pop("col_idx"))
-    for name, t in arrays.items():
-        kind, attr = name.split("_", 1)
-        if kind == "edge":
-            g.set_edge_attribute(attr, t)
-        else:
-            g.set_node_attribute(attr, t)
-    return g
+    return arrays

@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from distkit_common.validate import Checks, check_tensor
 
+from .._split import partition_sizes
 from .._tag import tag_output, untag
 from ._state import state
 
@@ -70,8 +71,6 @@ def split(x: torch.Tensor, dim: int, group: Any, sizes: list[int] | None = None)
     p = _size(group)
     if p == 1:
         return x
-    from .._split import partition_sizes
-
     rank = dist.get_rank(group)
     if sizes is None:
         sizes = partition_sizes(x.shape[dim], p, uneven=True)
@@ -84,8 +83,6 @@ def reduce_scatter(x: torch.Tensor, dim: int, group: Any, sizes: list[int] | Non
     p = _size(group)
     if p == 1:
         return x
-    from .._split import partition_sizes
-
     if sizes is None:
         sizes = partition_sizes(x.shape[dim], p, uneven=True)
     if dist.get_backend(group) != "gloo" and dim % x.dim() == 0 and len(set(sizes)) == 1:
@@ -125,8 +122,6 @@ class _Scatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, dim: int, group: Any, sizes: list[int] | None) -> torch.Tensor:
         ctx.dim, ctx.group = dim, group
-        from .._split import partition_sizes
-
         ctx.sizes = sizes if sizes is not None else partition_sizes(x.shape[dim], _size(group), uneven=True)
         return split(x, dim, group, ctx.sizes)
 
@@ -151,8 +146,6 @@ class _Gather(torch.autograd.Function):
 class _ReduceScatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, dim: int, group: Any, sizes: list[int] | None) -> torch.Tensor:
-        from .._split import partition_sizes
-
         ctx.dim, ctx.group = dim, group
         ctx.sizes = sizes if sizes is not None else partition_sizes(x.shape[dim], _size(group), uneven=True)
         return reduce_scatter(x, dim, group, ctx.sizes)

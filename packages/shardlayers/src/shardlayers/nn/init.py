@@ -8,8 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .._split import shard_extent
-from .._tag import _PARALLEL_DIM, storage_axis
+from .._tag import _PARALLEL_DIM, shard_extent, storage_axis
 
 __all__ = ["shard_init_helper_"]
 
