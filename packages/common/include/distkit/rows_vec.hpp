@@ -119,6 +119,28 @@ DK_INLINE int words_per_elem_shift(int64_t elem_bytes, int w) {
 /// Words of one row of the window.
 DK_INLINE int64_t row_words(const ByteRows& t, int w) { return t.row_bytes() / w; }
 
+/// The rows [i0, min(i0 + K, n)) of a group: table[k], row idx[i0 + k] of t (nullptr for a bad
+/// index), and dense[k], row i0 + k of the dense rows at `dense_base` (row_bytes apart; nullptr
+/// past n, and with `skip_bad` also for a bad index). Returns the lowest bad position, or -1.
+template <int K, class I, class D>
+DK_INLINE int64_t locate_rows_group(const ByteRows& t, const I* idx, int64_t i0, int64_t n, D* dense_base,
+                                    char* (&table)[K], D* (&dense)[K], bool skip_bad) {
+  int64_t bad = -1;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int64_t i = i0 + k;
+    table[k] = nullptr;
+    dense[k] = nullptr;
+    if (i >= n) continue;
+    const int64_t r = static_cast<int64_t>(idx[i]);
+    const bool ok = t.valid(r);
+    if (ok) table[k] = t.row(r);
+    if (!ok && bad < 0) bad = i;
+    if (ok || !skip_bad) dense[k] = dense_base + i * t.row_bytes();
+  }
+  return bad;
+}
+
 /// out[i, :] = t[idx[i], :] for i in [i0, min(i0 + K, n)), the share of `lane` of `G`
 /// lanes (words lane, lane + G, ...). `out` rows are dense (row_bytes apart). A bad index
 /// gives a row of zeros. Returns the lowest bad position among these rows, or -1.
@@ -128,24 +150,9 @@ DK_INLINE int64_t gather_rows_group(const ByteRows& t, const I* idx, int64_t i0,
   using Wd = typename Word<W>::type;
   const int64_t nw = row_words(t, W);
   const int sh = words_per_elem_shift(t.elem_bytes, W);
-  const char* src[K];
-  Wd* dst[K];
-  int64_t bad = -1;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int64_t i = i0 + k;
-    src[k] = nullptr;
-    dst[k] = nullptr;
-    if (i < n) {
-      const int64_t r = static_cast<int64_t>(idx[i]);
-      if (t.valid(r)) {
-        src[k] = t.row(r);
-      } else if (bad < 0) {
-        bad = i;
-      }
-      dst[k] = reinterpret_cast<Wd*>(out + i * t.row_bytes());
-    }
-  }
+  char* src[K];
+  char* dst[K];
+  const int64_t bad = locate_rows_group<K>(t, idx, i0, n, out, src, dst, false);
   for (int64_t j = lane; j < nw; j += G) {
     const int64_t off = word_offset<W>(t, j, sh);
     Wd v[K];
@@ -159,7 +166,7 @@ DK_INLINE int64_t gather_rows_group(const ByteRows& t, const I* idx, int64_t i0,
     }
 #pragma unroll
     for (int k = 0; k < K; ++k)
-      if (dst[k] != nullptr) dst[k][j] = v[k];
+      if (dst[k] != nullptr) reinterpret_cast<Wd*>(dst[k])[j] = v[k];
   }
   return bad;
 }
@@ -172,30 +179,15 @@ DK_INLINE int64_t scatter_rows_group(const ByteRows& t, const I* idx, int64_t i0
   using Wd = typename Word<W>::type;
   const int64_t nw = row_words(t, W);
   const int sh = words_per_elem_shift(t.elem_bytes, W);
-  const Wd* src[K];
   char* dst[K];
-  int64_t bad = -1;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int64_t i = i0 + k;
-    src[k] = nullptr;
-    dst[k] = nullptr;
-    if (i < n) {
-      const int64_t r = static_cast<int64_t>(idx[i]);
-      if (t.valid(r)) {
-        dst[k] = t.row(r);
-        src[k] = reinterpret_cast<const Wd*>(vals + i * t.row_bytes());
-      } else if (bad < 0) {
-        bad = i;
-      }
-    }
-  }
+  const char* src[K];
+  const int64_t bad = locate_rows_group<K>(t, idx, i0, n, vals, dst, src, true);
   for (int64_t j = lane; j < nw; j += G) {
     const int64_t off = word_offset<W>(t, j, sh);
     Wd v[K];
 #pragma unroll
     for (int k = 0; k < K; ++k)
-      if (src[k] != nullptr) v[k] = src[k][j];
+      if (src[k] != nullptr) v[k] = reinterpret_cast<const Wd*>(src[k])[j];
 #pragma unroll
     for (int k = 0; k < K; ++k)
       if (dst[k] != nullptr) *reinterpret_cast<Wd*>(dst[k] + off) = v[k];
