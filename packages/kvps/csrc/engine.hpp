@@ -459,9 +459,8 @@ class Engine {
     });
   }
   void send(int dest, int32_t type, int32_t origin, int64_t ts, const Builder& b) {
-    sendq_.send(dest, type, origin, ts, b);
+    link_.sent(dest, sendq_.send(dest, type, origin, ts, b));
     prof_.sent(type, static_cast<int64_t>(b.keys.size()));
-    link_.sent(dest, sizeof(Hdr) + 2 * sizeof(int64_t) * b.keys.size() + b.vals.size());
     if (dest != rank_)
       if (Doorbell* bell = shm_.bell_of(dest)) ring(bell);
   }

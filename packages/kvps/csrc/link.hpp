@@ -43,7 +43,6 @@ class LinkMeter {
     rate_ = rate;
     off_ = std::move(off_node);
     decay_ = 1.0 - 1.0 / std::max(2.0, memory_rounds);
-    rate_shown_.store(rate, std::memory_order_relaxed);
   }
 
   /// Progress thread: a message to / from rank r.
@@ -74,8 +73,9 @@ class LinkMeter {
 
   /// How much bytes count against engine work, in [0, 1] (any thread).
   double weight() const { return weight_.load(std::memory_order_relaxed); }
-  /// The link rate in bytes/s that the weight is based on (0: not weighed).
-  double rate() const { return rate_shown_.load(std::memory_order_relaxed); }
+  /// The link rate in bytes/s that the weight is based on (0: not weighed;
+  /// set by init() before the progress thread starts, read-only after).
+  double rate() const { return rate_; }
 
   /// The rate of the link between hosts in bytes/s, measured collectively over
   /// `comm` (before the progress thread starts): each rank exchanges blocks
@@ -129,7 +129,7 @@ class LinkMeter {
   std::vector<uint8_t> off_;
   uint64_t out_ = 0, in_ = 0;
   double cpu0_ = -1, link_ = 0, cpu_ = 0;
-  std::atomic<double> weight_{0}, rate_shown_{0};
+  std::atomic<double> weight_{0};
 };
 
 }  // namespace kvps

@@ -160,7 +160,8 @@ class SendQueue {
     }
   }
 
-  void send(int dest, int32_t type, int32_t origin, int64_t ts, const Builder& b) {
+  /// Returns the message's size in bytes.
+  size_t send(int dest, int32_t type, int32_t origin, int64_t ts, const Builder& b) {
     const int64_t n = static_cast<int64_t>(b.keys.size());
     const size_t bytes = sizeof(Hdr) + 2 * n * sizeof(int64_t) + b.vals.size();
     distkit::check<distkit::Error>(bytes < static_cast<size_t>(INT32_MAX), "kvps message of ", bytes,
@@ -180,6 +181,7 @@ class SendQueue {
                         "MPI_Isend");
     reqs_.push_back(r);
     bufs_.push_back(std::move(buf));
+    return bytes;
   }
 
   /// Release the buffers of completed sends.
