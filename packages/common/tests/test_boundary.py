@@ -363,3 +363,5 @@ def test_discard_claimed_removes_a_failed_save_and_ignores_what_is_gone(tmp_path
     fsio.discard_claimed(tmp)  # gone already: no error
     with pytest.raises(FileNotFoundError):
         fsio.remove_claimed(tmp)  # (the strict form says so)
+    with pytest.raises(TypeError):
+        fsio.discard_claimed(3)  # type: ignore[arg-type]  # not a path: no error to ignore
