@@ -73,14 +73,90 @@ def openmpi_env() -> dict[str, str]:
     return env
 
 
-def install_base(session: nox.Session, torch: str = TORCH_DEFAULT, extra: tuple[str, ...] = ()) -> None:
-    """torch (pinned: an unpinned torch pulls a multi-GB CUDA build), MPI and test tools."""
-    session.install(f"torch=={torch}", *TEST_DEPS, *extra)
+def _mpi_requirements() -> tuple[list[str], dict[str, str]]:
+    """mpi4py against the system MPI named by $MPICC / $MPIEXEC, else Open MPI and mpi4py from PyPI."""
     if os.environ.get("MPICC") or os.environ.get("MPIEXEC"):
-        session.log("using the system MPI from $MPICC / $MPIEXEC")
-        session.install("mpi4py>=4.0", env={"MPICC": os.environ.get("MPICC", "mpicc")})
-    else:
-        session.install("openmpi>=5.0", "mpi4py>=4.0")
+        return ["mpi4py>=4.0"], {"MPICC": os.environ.get("MPICC", "mpicc")}
+    return ["openmpi>=5.0", "mpi4py>=4.0"], {}
+
+
+#: what every test session installs first, kept once per interpreter and requirement set under
+#: .nox/ and given to each session's venv by hard links (see _link_environment)
+BASE_ENVS = ROOT / ".nox" / "_base"
+
+
+def _base_environment(session: nox.Session, requirements: list[str], env: dict[str, str]) -> Path:
+    """A venv holding `requirements`, created on first use with the session's interpreter."""
+    python = Path(session.virtualenv.location) / "bin" / "python"
+    version = str(session.run(str(python), "-c", "import sys; print(sys.version)", silent=True, external=True))
+    key = json.dumps([version.strip(), sorted(requirements), env], sort_keys=True).encode()
+    base = BASE_ENVS / hashlib.sha256(key).hexdigest()[:16]
+    if (base / "complete").exists():
+        session.log(f"base environment {base.name} is ready ({', '.join(requirements)})")
+        return base
+    # built under a temporary name and renamed: an interrupted build is never taken for a finished one
+    staging = BASE_ENVS / f".{base.name}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    session.run(str(python), "-m", "venv", str(staging), external=True)
+    session.run(
+        str(staging / "bin" / "python"), "-m", "pip", "install", "--quiet", *requirements, env=env, external=True
+    )
+    (staging / "complete").write_text(json.dumps(requirements) + "\n")
+    shutil.rmtree(base, ignore_errors=True)
+    staging.rename(base)
+    return base
+
+
+def _link_environment(base: Path, target: Path) -> int:
+    """Give the venv `target` every file of the venv `base` that it lacks, by hard link; returns the count.
+
+    A venv is its prefix: the Open MPI wheel's launchers find their libraries relative to the path
+    they run from, and packages lie under lib/, so linked files work as installed ones. Scripts whose
+    first line names base's interpreter are copied with target's instead. pip removes a linked file
+    by unlinking it, which leaves base's copy alone.
+    """
+    old_python = f"#!{base / 'bin' / 'python'}".encode()
+    new_python = f"#!{target / 'bin' / 'python'}".encode()
+    count = 0
+    for folder, dirs, files in os.walk(base):
+        rel = Path(folder).relative_to(base)
+        (target / rel).mkdir(exist_ok=True)
+        for name in files:
+            src, dst = Path(folder) / name, target / rel / name
+            if rel == Path(".") or dst.exists() or dst.is_symlink():
+                continue  # pyvenv.cfg, the marker; files the session's venv has itself (pip, python)
+            if src.is_symlink():
+                dst.symlink_to(os.readlink(src))
+            elif rel == Path("bin") and src.read_bytes()[: len(old_python)] == old_python:
+                dst.write_bytes(new_python + src.read_bytes()[len(old_python) :])
+                shutil.copymode(src, dst)
+            else:
+                try:
+                    os.link(src, dst)
+                except OSError:  # another file system
+                    shutil.copy2(src, dst)
+            count += 1
+        for name in list(dirs):
+            if (Path(folder) / name).is_symlink():  # lib64 -> lib
+                dirs.remove(name)
+                if not (target / rel / name).exists():
+                    (target / rel / name).symlink_to(os.readlink(Path(folder) / name))
+    return count
+
+
+def install_base(session: nox.Session, torch: str = TORCH_DEFAULT, extra: tuple[str, ...] = ()) -> None:
+    """torch (pinned: an unpinned torch pulls a multi-GB CUDA build), MPI and test tools, then `extra`.
+
+    torch is about 20,000 files: pip took 50 s to install it into each of the nine venvs of
+    `nox -s tests`, 7.5 of CI's 45 minutes. It is installed once into a base environment that each
+    session's venv receives by hard links in a few seconds.
+    """
+    mpi, mpi_env = _mpi_requirements()
+    base = _base_environment(session, [f"torch=={torch}", *TEST_DEPS, *mpi], mpi_env)
+    session.log(f"linked {_link_environment(base, Path(session.virtualenv.location))} files of {base.name}")
+    if extra:
+        session.install(*extra)
 
 
 def _source_digest(pkg: str) -> str:
@@ -246,7 +322,8 @@ def docs(session: nox.Session) -> None:
     build_docs(session, ROOT / "build" / "docs" / "html")
 
 
-@nox.session(python="3.11")
+# without pip: install_base links the base environment's pip in with torch (ensurepip took 7 s a venv)
+@nox.session(python="3.11", venv_params=["--without-pip"])
 @nox.parametrize("package", [*PACKAGES, "integration", "docs", "cluster"])
 def tests(session: nox.Session, package: str) -> None:
     """Build a package with distkit-common and run its tests (torch 2.13.0); `integration`: the composed job;
@@ -491,8 +568,9 @@ def gpu(session: nox.Session) -> None:
     if not shutil.which("nvcc") and not os.environ.get("CUDACXX"):
         session.error("nvcc not found (set CUDACXX): the extensions would build without CUDA")
     session.install(*TEST_DEPS)
-    if not (os.environ.get("MPICC") or os.environ.get("MPIEXEC")):
-        session.install("openmpi>=5.0", "mpi4py>=4.0")
+    mpi, mpi_env = _mpi_requirements()
+    if not mpi_env:  # a system MPI's mpi4py comes with the system site-packages
+        session.install(*mpi)
     wheelhouse = ROOT / "build" / f"wheelhouse-gpu-sm{arch}"
     build_wheels(session, list(PACKAGES), wheelhouse, env={"CMAKE_ARGS": f"-DCMAKE_CUDA_ARCHITECTURES={arch}"})
     session.install(
