@@ -16,16 +16,19 @@ def test_resumed_run_is_bit_identical(tmp_path: Path, recsys) -> None:
 
 @pytest.mark.mpi
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("args", "messages"),
     [
-        (["--tp", "3"], "--tp 3 does not divide the 4 ranks"),
-        (["--steps", "0"], "--steps must be >= 1"),
-        (["--items", "255"], "--items 255 is not divisible by --tp 2"),
-        (["--resume"], "--resume: no checkpoint"),
+        # every problem of one command line is reported at once (one launch of 4 ranks per case)
+        (
+            ["--tp", "3", "--steps", "0", "--resume"],
+            ["--tp 3 does not divide the 4 ranks", "--steps must be >= 1", "--resume: no checkpoint"],
+        ),
+        (["--items", "255"], ["--items 255 is not divisible by --tp 2"]),
     ],
 )
-def test_bad_configuration_is_refused(tmp_path: Path, recsys, args: list[str], message: str) -> None:
+def test_bad_configuration_is_refused(tmp_path: Path, recsys, args: list[str], messages: list[str]) -> None:
     res = run_mpi(recsys.job, 4, args=[*recsys.small, "--out", str(tmp_path), *args], timeout=300, check=False)
     assert res.returncode != 0
-    assert message in res.stderr
+    for message in messages:
+        assert message in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
