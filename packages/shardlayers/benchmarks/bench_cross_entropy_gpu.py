@@ -545,7 +545,7 @@ def one_case(
     timed: dict[str, Callable[[], Any]] = {k: (lambda fn=fn: step(fn, logits)) for k, fn in steps.items()}
     timed["copy"] = lambda: copy_dst.copy_(logits)
     ms = dev.time_ms(timed, cfg["warmup"], cfg["reps"])
-    del copy_dst
+    del timed  # and with it the copy's buffer
     bound_ms = BOUND_PASSES / 2 * ms["copy"]
     print(
         f"# {tag}: logits {nbytes / 2**20:.0f} MiB; ms "

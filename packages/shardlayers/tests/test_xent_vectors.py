@@ -12,6 +12,8 @@ shards.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -50,7 +52,9 @@ def _grad(
     fn(x.data_ptr(), g.data_ptr(), n, c, x.stride(0), code_of(x.dtype), target.data_ptr(), vstart, wp, coef.data_ptr())
 
 
-def _offset_view(rows: int, cols: int, stride: int, offset: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+def _offset_view(
+    rows: int, cols: int, stride: int, offset: int, dtype: torch.dtype, gen: torch.Generator
+) -> torch.Tensor:
     """A [rows, cols] view starting `offset` elements into a buffer, rows `stride` elements apart
     (an odd stride gives every row its own alignment)."""
     buf = (torch.randn(rows * stride + offset + cols, generator=gen) * 4).to(dtype)
@@ -59,7 +63,7 @@ def _offset_view(rows: int, cols: int, stride: int, offset: int, dtype: torch.dt
 
 def _ref_stats(x: torch.Tensor, target: torch.Tensor, vstart: int, w: torch.Tensor | None) -> torch.Tensor:
     xf = x.double()
-    n, c = x.shape
+    c = x.shape[1]
     m = xf.max(1).values
     live = torch.isfinite(m)
     s = torch.where(live, torch.exp(xf - torch.where(live, m, 0)[:, None]).sum(1), 0)
@@ -246,7 +250,7 @@ def test_vocab_shards_merge_to_the_whole_row(algorithm: str, dtype: torch.dtype)
     x[0, 333:] = float("-inf")  # shards 1 and 2 fully masked for row 0
     target = torch.randint(0, c, (n,), generator=gen)
     bounds = [0, 333, 667, c]
-    shards = [x[:, a:b] for a, b in zip(bounds, bounds[1:])]
+    shards = [x[:, a:b] for a, b in itertools.pairwise(bounds)]
     allst = torch.stack([native_stats(s, target, a, None, True) for s, a in zip(shards, bounds)])
     whole = native_stats(x, target, 0, None, True)
     merged = merge_stats(allst)
