@@ -123,9 +123,14 @@ DK_INLINE A neg_inf() {
 /// Merge the running log-sum-exp pair (m, s) with another pair (m2, s2).
 ///
 /// A pair whose max is -inf (masked classes only, e.g. a padded vocabulary slice) or whose sum
-/// is 0 contributes nothing: merging it would compute exp(-inf - -inf) = NaN.
+/// is 0 contributes nothing: merging it would compute exp(-inf - -inf) = NaN. A NaN sum (a NaN
+/// logit, possibly among masked ones only) is kept: the row's loss is NaN, as torch's.
 template <class A>
 DK_INLINE void lse_merge(A& m, A& s, A m2, A s2) {
+  if (s2 != s2) {
+    s = s2;
+    return;
+  }
   if (s2 == A(0) || m2 == neg_inf<A>()) return;
   if (s == A(0)) {
     m = m2;

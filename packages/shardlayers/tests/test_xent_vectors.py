@@ -109,18 +109,20 @@ def test_stats_every_alignment_and_length(algo: str, dtype: torch.dtype) -> None
 def test_stats_masked_and_nan_rows(algo: str) -> None:
     """A fully masked row is (-inf, 0), never NaN; a NaN logit makes the row's sum NaN (as torch's
     loss is NaN); a row with a single live class at the end sums to exactly 1."""
-    x = torch.zeros(4, 37)
+    x = torch.zeros(5, 37)
     x[0] = float("-inf")
     x[1] = float("-inf")
     x[1, 36] = 3.0
     x[2, 20] = float("nan")
     x[3, :9] = float("-inf")
     x[3, 4] = float("nan")  # NaN inside an otherwise masked vector
-    target = torch.zeros(4, dtype=torch.int64)
+    x[4, 4] = float("nan")  # the same, and no live vector merges into that thread's partial after it
+    x[4, 5:] = float("-inf")
+    target = torch.zeros(5, dtype=torch.int64)
     got = _stats(algo, x, target, 0, None)
     assert got[0, 0] == float("-inf") and got[0, 1] == 0
     assert got[1, 0] == 3.0 and got[1, 1] == 1.0
-    assert torch.isnan(got[2, 1]) and torch.isnan(got[3, 1])
+    assert torch.isnan(got[2, 1]) and torch.isnan(got[3, 1]) and torch.isnan(got[4, 1])
 
 
 @pytest.mark.parametrize("algo", ["cpu", "cuda"])
