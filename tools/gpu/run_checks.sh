@@ -7,8 +7,9 @@
 # Order: the latency-bound Allreduce benchmark alone; then every package's CPU suite (niced) beside
 # the GPU-bound benchmarks (the common row kernels: gather / scatter / scatter-add, one buffer and
 # 8 chunks, with and without the index check, vs torch; wholemem gather and scatter of CHUNKED and
-# DEVICE tables; cross-entropy); then the `gpu` suite and compute-sanitizer (memcheck: row kernels
-# and Embedding optimizers; racecheck: cross-entropy). Every step has its own deadline, so one hang costs only
+# DEVICE tables; cross-entropy, with its 3-passes-at-copy-bandwidth row); then the `gpu` suite and
+# compute-sanitizer (memcheck: row kernels, Embedding optimizers and the cross-entropy's 16-byte
+# vector cuts; racecheck: cross-entropy). Every step has its own deadline, so one hang costs only
 # its own step. Logs and BENCH json land in LOGDIR (default /tmp/gpu_logs); SUMMARY lists each
 # step's exit code (124 = its deadline).
 set -uo pipefail
@@ -64,6 +65,8 @@ PYTORCH_NO_CUDA_MEMORY_CACHING=1 step memcheck_embedding 300 "${SAN[@]}" --tool 
   "$B/wholemem/tests/test_gpu_real.py::test_device_tables_match_the_cpu_tables" &
 step racecheck_xent 300 "${SAN[@]}" --tool racecheck \
   "${PYTEST[@]}" -v --timeout 290 "$B/shardlayers/tests/test_gpu.py::test_cuda_kernels_match_cpu_kernels" &
+PYTORCH_NO_CUDA_MEMORY_CACHING=1 step memcheck_xent 300 "${SAN[@]}" --tool memcheck \
+  "${PYTEST[@]}" -v --timeout 290 "$B/shardlayers/tests/test_gpu.py::test_cuda_vector_cuts_match_cpu_kernels" &
 wait
 echo "all done at $((SECONDS - T0))s" >> "$SUMMARY"
 rm -rf "$OMPI_MCA_btl_sm_backing_directory"

@@ -35,6 +35,7 @@ void xent_stats_cpu(uintptr_t x, int64_t n, int64_t c, int64_t row_stride, int d
   shardlayers::xent_check_args(n, c, row_stride, x, target);
   distkit::check<distkit::ValueError>(n == 0 || out != 0, "null out pointer");
   const DType dt = distkit::dtype_from_code(dtype);
+  shardlayers::xent_check_aligned(x, dt, "logits");
   distkit::nogil release;
   distkit::dispatch_floating(dt, [&](auto tag) {
     using T = decltype(tag);
@@ -55,6 +56,8 @@ void xent_grad_cpu(uintptr_t x, uintptr_t grad, int64_t n, int64_t c, int64_t ro
   shardlayers::xent_check_args(n, c, row_stride, x, target);
   distkit::check<distkit::ValueError>(n == 0 || (grad != 0 && coef != 0), "null grad/coef pointer");
   const DType dt = distkit::dtype_from_code(dtype);
+  shardlayers::xent_check_aligned(x, dt, "logits");
+  shardlayers::xent_check_aligned(grad, dt, "grad");
   distkit::nogil release;
   distkit::dispatch_floating(dt, [&](auto tag) {
     using T = decltype(tag);
@@ -71,14 +74,16 @@ void xent_grad_cpu(uintptr_t x, uintptr_t grad, int64_t n, int64_t c, int64_t ro
   });
 }
 
-// The CUDA kernels' algorithms (block-strided partials + tree merge; per-element gradient) run
-// on the host, single-threaded: the tests compare them with the CPU kernel on masked and ignored
-// rows, which is how the shared device code is checked on machines without a GPU.
+// The CUDA kernels' algorithms (16-byte vector cuts from the row's address, block-strided
+// partials merged warp by warp; the per-vector gradient) run on the host, single-threaded: the
+// tests compare them with the CPU kernel and torch on misaligned, masked and ignored rows, which is
+// how the shared device code is checked on machines without a GPU.
 void xent_stats_blockwise_cpu(uintptr_t x, int64_t n, int64_t c, int64_t row_stride, int dtype, uintptr_t target,
                               int64_t vstart, uintptr_t weight, bool want_sum, uintptr_t out) {
   shardlayers::xent_check_args(n, c, row_stride, x, target);
   distkit::check<distkit::ValueError>(n == 0 || out != 0, "null out pointer");
   const DType dt = distkit::dtype_from_code(dtype);
+  shardlayers::xent_check_aligned(x, dt, "logits");
   distkit::nogil release;
   distkit::dispatch_floating(dt, [&](auto tag) {
     using T = decltype(tag);
@@ -97,6 +102,8 @@ void xent_grad_elementwise_cpu(uintptr_t x, uintptr_t grad, int64_t n, int64_t c
   shardlayers::xent_check_args(n, c, row_stride, x, target);
   distkit::check<distkit::ValueError>(n == 0 || (grad != 0 && coef != 0), "null grad/coef pointer");
   const DType dt = distkit::dtype_from_code(dtype);
+  shardlayers::xent_check_aligned(x, dt, "logits");
+  shardlayers::xent_check_aligned(grad, dt, "grad");
   distkit::nogil release;
   distkit::dispatch_floating(dt, [&](auto tag) {
     using T = decltype(tag);
@@ -104,9 +111,9 @@ void xent_grad_elementwise_cpu(uintptr_t x, uintptr_t grad, int64_t n, int64_t c
     const T* xp = distkit::ptr<const T>(x);
     const int64_t* tp = distkit::ptr<const int64_t>(target);
     for (int64_t r = 0; r < n; ++r)
-      shardlayers::xent_grad_row_elementwise<T, A>(xp + r * row_stride, distkit::ptr<T>(grad) + r * c, c, tp[r],
-                                                   vstart, distkit::ptr<const A>(weight),
-                                                   distkit::ptr<const A>(coef) + 4 * r);
+      shardlayers::xent_grad_row_vectorwise<T, A>(xp + r * row_stride, distkit::ptr<T>(grad) + r * c, c, tp[r],
+                                                  vstart, distkit::ptr<const A>(weight),
+                                                  distkit::ptr<const A>(coef) + 4 * r, shardlayers::kStatsThreads);
   });
 }
 
@@ -127,7 +134,7 @@ PYBIND11_MODULE(_shardlayers, m) {
         py::arg("want_sum"), py::arg("out"), "The CUDA stats kernel's algorithm run on the host (for tests).");
   m.def("xent_grad_elementwise_cpu", &xent_grad_elementwise_cpu, py::arg("x"), py::arg("grad"), py::arg("n"),
         py::arg("c"), py::arg("row_stride"), py::arg("dtype"), py::arg("target"), py::arg("vstart"),
-        py::arg("weight"), py::arg("coef"), "The CUDA gradient kernel's per-element computation run on the host.");
+        py::arg("weight"), py::arg("coef"), "The CUDA gradient kernel's per-vector computation run on the host (for tests).");
   m.attr("XENT_CUDA_THREADS") = shardlayers::kStatsThreads;
 #ifdef DISTKIT_WITH_CUDA
   m.def("xent_stats_cuda", &shardlayers::xent_stats_cuda, py::arg("x"), py::arg("n"), py::arg("c"),

@@ -33,6 +33,12 @@ def test_cuda_kernels_match_cpu_kernels() -> None:
     run_spawn(gpu_xent.kernels_body, 1, timeout=300)
 
 
+def test_cuda_vector_cuts_match_cpu_kernels() -> None:
+    """16-byte vector cuts on the GPU: every start offset within 16 bytes, odd row strides, lengths
+    around the vector width, a misaligned gradient buffer (nothing written outside it)."""
+    run_spawn(gpu_xent.vectors_body, 1, timeout=300)
+
+
 def test_cuda_vocab_parallel_head_two_ranks() -> None:
     """A padded vocab-parallel head on CUDA over 2 ranks (gloo, one GPU): loss and gradients equal
     F.cross_entropy on the unpadded logits, with ignored rows and a rank holding only padding rows."""

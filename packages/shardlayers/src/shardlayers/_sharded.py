@@ -127,9 +127,9 @@ def sharded_state_dict(model: nn.Module) -> OrderedDict[str, Any]:
 
 
 def load_sharded_state_dict(model: nn.Module, state_dict: dict[str, Any], *, strict: bool = True) -> Any:
-    """Load a state dict of DTensors (as made by :func:`sharded_state_dict` and filled by a
-    checkpoint library), full tensors, or this rank's local shards into ``model``.
+    """Load a state dict of DTensors, full tensors, or this rank's local shards into ``model``.
 
+    DTensors are as made by :func:`sharded_state_dict` and filled by a checkpoint library.
     A DTensor on shardlayers' mesh is redistributed to this model's layout when its placements
     differ; a DTensor on another mesh is gathered first (``full_tensor``). A full tensor is cut to
     this rank's shard; padding rows of padded vocabularies stay zero.

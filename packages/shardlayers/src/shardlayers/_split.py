@@ -68,6 +68,8 @@ def slice(
     Returns
     -------
     tuple of torch.Tensor
+        The ``num_partitions`` chunks along ``dim`` (views, or contiguous copies with
+        ``contiguous=True``).
 
     Raises
     ------

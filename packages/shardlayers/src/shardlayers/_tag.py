@@ -129,7 +129,19 @@ def register_parallel_attribute(tensor: torch.Tensor, parallel_dim: int | None, 
 
 
 def set_attribute(tensor: torch.Tensor, value: int | None = None, order_type: int = 0) -> None:
-    """TorchShard's inner helper ``ts.set_attribute``: same as :func:`register_parallel_attribute`.
+    """Set the parallel attributes of ``tensor``: TorchShard's inner helper ``ts.set_attribute``.
+
+    The same as :func:`register_parallel_attribute`.
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        The tensor (a parameter) to tag.
+    value : {None, 0, 1, -1}
+        The parallel dim.
+    order_type : {0, 1}
+        ``0``: stored ``[out, in]`` (like ``nn.Linear``); ``1``: stored ``[in, out]`` (like
+        ``nn.Embedding``).
 
     Raises
     ------

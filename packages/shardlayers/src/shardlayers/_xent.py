@@ -77,13 +77,22 @@ def native_grad(
     return grad
 
 
-def _combine(stats: torch.Tensor, group: Any, p: int) -> torch.Tensor:
-    """Merge the per-rank (m, s, xt, swx) rows into global (M, S, xt, swx)."""
-    if p == 1:
-        return stats
-    bufs = [torch.empty_like(stats) for _ in range(p)]
-    dist.all_gather(bufs, stats.contiguous(), group=group)
-    allst = torch.stack(bufs)  # [p, N, 4]
+def merge_stats(allst: torch.Tensor) -> torch.Tensor:
+    """Merge per-shard row statistics into the whole rows' statistics.
+
+    Parameters
+    ----------
+    allst : torch.Tensor
+        ``[p, N, 4]``: each vocabulary shard's ``(max, sum exp(x - max), target logit, sum w*x)``
+        per row, as :func:`native_stats` returns them (a shard without the row's target holds 0
+        there; a shard whose classes are all masked holds ``(-inf, 0, ...)``).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[N, 4]``: the global ``(max, sum exp(x - max), target logit, sum w*x)``; the max of a row
+        masked on every shard is 0 (its sum is 0).
+    """
     m = allst[..., 0]
     big = m.max(dim=0).values
     safe = torch.where(torch.isinf(big), torch.zeros_like(big), big)
@@ -91,6 +100,15 @@ def _combine(stats: torch.Tensor, group: Any, p: int) -> torch.Tensor:
     s = (allst[..., 1] * scale).sum(0)
     rest = allst[..., 2:].sum(0)
     return torch.cat([safe.unsqueeze(-1), s.unsqueeze(-1), rest], dim=-1)
+
+
+def _combine(stats: torch.Tensor, group: Any, p: int) -> torch.Tensor:
+    """Merge the per-rank (m, s, xt, swx) rows into global (M, S, xt, swx)."""
+    if p == 1:
+        return stats
+    bufs = [torch.empty_like(stats) for _ in range(p)]
+    dist.all_gather(bufs, stats.contiguous(), group=group)
+    return merge_stats(torch.stack(bufs))
 
 
 class VocabParallelCrossEntropy(torch.autograd.Function):

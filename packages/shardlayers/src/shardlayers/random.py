@@ -33,6 +33,13 @@ class RNGStatesTracker:
     def add(self, name: str, seed: int) -> None:
         """Register state ``name`` seeded with ``seed``.
 
+        Parameters
+        ----------
+        name : str
+            The state's name (used by :meth:`fork`).
+        seed : int
+            The seed of a fresh CPU generator whose state is kept.
+
         Raises
         ------
         ValueError
@@ -50,6 +57,16 @@ class RNGStatesTracker:
     @contextlib.contextmanager
     def fork(self, name: str = _MODEL_PARALLEL_RNG) -> Iterator[None]:
         """Run the body with the default CPU generator set to state ``name``, then restore it.
+
+        Parameters
+        ----------
+        name : str, default "model-parallel-rng"
+            A state registered with :meth:`add`; it keeps where the body left it.
+
+        Yields
+        ------
+        None
+            Control, inside the forked state.
 
         Raises
         ------
@@ -71,13 +88,26 @@ _TRACKER = RNGStatesTracker()
 
 
 def get_rng_tracker() -> RNGStatesTracker:
-    """The process-wide tracker."""
+    """Return the process-wide tracker.
+
+    Returns
+    -------
+    RNGStatesTracker
+        The tracker :func:`manual_seed` seeds.
+    """
     return _TRACKER
 
 
 def manual_seed(seed: int) -> None:
-    """Seed the default generator with ``seed`` (same on every rank) and the tracker's
-    model-parallel state with ``seed + 2718 + tensor_parallel_rank``.
+    """Seed the default generator and the tracker's model-parallel state.
+
+    The default generator gets ``seed`` (the same on every rank), the tracker's model-parallel
+    state ``seed + 2718 + tensor_parallel_rank``.
+
+    Parameters
+    ----------
+    seed : int
+        The base seed.
 
     Raises
     ------

@@ -6,8 +6,10 @@ import torch
 import torch.nn.functional as F
 
 import shardlayers as ts
+from distkit_common.dtypes import code_of
 from distkit_common.testing import init_process_group
-from shardlayers._xent import native_grad, native_stats
+from shardlayers import _shardlayers
+from shardlayers._xent import acc_dtype, native_grad, native_stats
 
 
 def kernels_body(rank: int, size: int, store: str) -> None:
@@ -40,6 +42,57 @@ def kernels_body(rank: int, size: int, store: str) -> None:
         assert torch.all(got_g[[0, 3]] == 0)
         tol = {torch.float16: 2e-3, torch.bfloat16: 2e-2}.get(dtype, 1e-5)
         torch.testing.assert_close(got_g.to(acc), ref_g.to(acc), rtol=tol, atol=tol)
+    torch.cuda.synchronize()
+
+
+def _grad_into(x: torch.Tensor, g: torch.Tensor, target: torch.Tensor, w: torch.Tensor, coef: torch.Tensor) -> None:
+    """The gradient kernel (CUDA or CPU, by x's device) into a given contiguous g (maybe misaligned)."""
+    n, c = x.shape
+    args = (x.data_ptr(), g.data_ptr(), n, c, x.stride(0), code_of(x.dtype), target.data_ptr(), 0, w.data_ptr())
+    if x.is_cuda:
+        _shardlayers.xent_grad_cuda(*args, coef.data_ptr(), int(torch.cuda.current_stream().cuda_stream))
+    else:
+        _shardlayers.xent_grad_cpu(*args, coef.data_ptr())
+
+
+def vectors_body(rank: int, size: int, store: str) -> None:
+    """The 16-byte vector cuts on the GPU: rows starting at every element offset within 16 bytes,
+    an odd row stride (every row its own alignment), lengths around the vector width and a long
+    odd one, a gradient buffer misaligned against the logits; CUDA against the CPU kernel."""
+    dev = torch.device("cuda", 0)
+    g = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        per16 = 16 // torch.tensor([], dtype=dtype).element_size()
+        acc = acc_dtype(dtype)
+        for c in (1, 7, 9, 17, 1000, 4099):
+            for offset in range(per16):
+                n, stride = 6, c + 1
+                buf = (torch.randn(n * stride + offset + c, generator=g) * 4).to(dtype)
+                buf_d = buf.to(dev)
+                x = buf.as_strided((n, c), (stride, 1), offset)
+                x_d = buf_d.as_strided((n, c), (stride, 1), offset)
+                target = torch.randint(0, c, (n,), generator=g)
+                target[2] = -100
+                w = torch.rand(c, generator=g, dtype=acc) + 0.5
+                ref = native_stats(x, target, 0, w, True)
+                got = native_stats(x_d, target.to(dev), 0, w.to(dev), True).cpu()
+                where = f"{dtype} c={c} offset={offset}"
+                assert torch.equal(got[:, 0], ref[:, 0]) and torch.equal(got[:, 2], ref[:, 2]), where
+                torch.testing.assert_close(got[:, 1], ref[:, 1], rtol=1e-5, atol=0, msg=where)
+                torch.testing.assert_close(got[:, 3], ref[:, 3], rtol=1e-4, atol=1e-3, msg=where)
+                coef = torch.rand(n, 4, generator=g, dtype=acc)
+                coef[:, 0] = ref[:, 0]
+                coef[2] = 0
+                for g_offset in (0, 1):
+                    gref = torch.empty(n * c + g_offset, dtype=dtype)[g_offset:].view(n, c)
+                    gbuf = torch.full((n * c + g_offset + 8,), float("nan"), dtype=dtype, device=dev)
+                    got_g = gbuf[g_offset : g_offset + n * c].view(n, c)
+                    _grad_into(x, gref, target, w, coef)
+                    _grad_into(x_d, got_g, target.to(dev), w.to(dev), coef.to(dev))
+                    assert torch.isnan(gbuf[:g_offset]).all() and torch.isnan(gbuf[g_offset + n * c :]).all(), where
+                    tol = {torch.float16: 2e-3, torch.bfloat16: 2e-2}.get(dtype, 1e-5)
+                    torch.testing.assert_close(got_g.cpu().to(acc), gref.to(acc), rtol=tol, atol=tol, msg=where)
+                    assert torch.all(got_g[2] == 0), where
     torch.cuda.synchronize()
 
 

@@ -170,6 +170,16 @@ def _check_axis(x: torch.Tensor, dim: int) -> int:
 def copy(input: torch.Tensor) -> torch.Tensor:
     """Identity forward, all-reduce (sum) of the gradient over the tensor-parallel group backward.
 
+    Parameters
+    ----------
+    input : torch.Tensor
+        The tensor, the same on every rank of the group.
+
+    Returns
+    -------
+    torch.Tensor
+        A tensor equal to ``input`` (untagged) whose gradient is all-reduced over the group.
+
     Raises
     ------
     TypeError
@@ -189,6 +199,16 @@ def reduce(input: torch.Tensor) -> torch.Tensor:
     As in TorchShard, a tensor outside autograd (no ``requires_grad``, or grad mode off) is
     reduced **in place** (``ts.distributed.reduce(t)`` leaves the sum in ``t``) and returned
     (untagged); a tensor that requires grad is not modified: the sum is a new tensor.
+
+    Parameters
+    ----------
+    input : torch.Tensor
+        This rank's partial sum.
+
+    Returns
+    -------
+    torch.Tensor
+        The sum over the group: ``input`` itself (reduced in place) outside autograd, else a new tensor.
 
     Raises
     ------
@@ -220,6 +240,18 @@ def scatter(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     Sizes that do not divide are split as ``torch.chunk`` splits them (``ceil(n/p)`` per rank, the
     last ones smaller).
 
+    Parameters
+    ----------
+    input : torch.Tensor
+        The full tensor, the same on every rank of the group.
+    dim : int, default -1
+        The dimension to split.
+
+    Returns
+    -------
+    torch.Tensor
+        This rank's chunk (a view's copy), tagged as described above.
+
     Raises
     ------
     TypeError
@@ -247,6 +279,18 @@ def scatter(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 def gather(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """All-gather along ``dim`` forward (untagged result), keep this rank's chunk backward.
+
+    Parameters
+    ----------
+    input : torch.Tensor
+        This rank's chunk.
+    dim : int, default -1
+        The dimension to concatenate along.
+
+    Returns
+    -------
+    torch.Tensor
+        The chunks of every rank of the group concatenated along ``dim``, untagged.
 
     Raises
     ------

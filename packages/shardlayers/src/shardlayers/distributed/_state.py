@@ -36,7 +36,13 @@ def state() -> _Groups:
 
 
 def is_initialized() -> bool:
-    """True after :func:`init_process_group` (and while torch.distributed is initialised)."""
+    """Tell whether the tensor-parallel groups exist.
+
+    Returns
+    -------
+    bool
+        True after :func:`init_process_group` while ``torch.distributed`` is initialised.
+    """
     return _STATE is not None and dist.is_initialized()
 
 
@@ -95,7 +101,12 @@ def destroy_process_group() -> None:
 
 
 def get_group() -> Any:
-    """The tensor-parallel process group of this rank.
+    """Return the tensor-parallel process group of this rank.
+
+    Returns
+    -------
+    Any
+        The ``torch.distributed`` process group of this rank's tensor-parallel group.
 
     Raises
     ------
@@ -106,7 +117,12 @@ def get_group() -> Any:
 
 
 def get_data_parallel_group() -> Any:
-    """The data-parallel process group of this rank (pass it to DDP's ``process_group``).
+    """Return the data-parallel process group of this rank (pass it to DDP's ``process_group``).
+
+    Returns
+    -------
+    Any
+        The ``torch.distributed`` process group of the ranks at this rank's tensor-parallel position.
 
     Raises
     ------
@@ -117,7 +133,12 @@ def get_data_parallel_group() -> Any:
 
 
 def get_rank() -> int:
-    """This rank's index inside its tensor-parallel group.
+    """Return this rank's index inside its tensor-parallel group.
+
+    Returns
+    -------
+    int
+        The index, in ``[0, get_group_size())``.
 
     Raises
     ------
@@ -129,7 +150,12 @@ def get_rank() -> int:
 
 
 def get_group_size() -> int:
-    """The tensor-parallel group size.
+    """Return the tensor-parallel group size.
+
+    Returns
+    -------
+    int
+        The ``group_size`` given to :func:`init_process_group`.
 
     Raises
     ------
@@ -140,7 +166,12 @@ def get_group_size() -> int:
 
 
 def get_world_size() -> int:
-    """The global world size (all ranks).
+    """Return the global world size (all ranks).
+
+    Returns
+    -------
+    int
+        ``torch.distributed``'s world size.
 
     Raises
     ------
@@ -153,7 +184,12 @@ def get_world_size() -> int:
 
 
 def get_data_parallel_rank() -> int:
-    """This rank's index inside its data-parallel group.
+    """Return this rank's index inside its data-parallel group.
+
+    Returns
+    -------
+    int
+        The index, in ``[0, get_data_parallel_size())``.
 
     Raises
     ------
@@ -165,7 +201,12 @@ def get_data_parallel_rank() -> int:
 
 
 def get_data_parallel_size() -> int:
-    """The data-parallel group size (world size / group size).
+    """Return the data-parallel group size (world size / group size).
+
+    Returns
+    -------
+    int
+        The number of tensor-parallel groups.
 
     Raises
     ------

@@ -32,8 +32,14 @@ class ParallelEmbedding(nn.Module):
         Full sizes.
     padding_idx : int, optional
         Global index of the padding row (zero and never updated).
-    max_norm, norm_type, scale_grad_by_freq, sparse
-        As in ``nn.Embedding`` (``max_norm`` not with ``dim=-1``).
+    max_norm : float, optional
+        As in ``nn.Embedding`` (not with ``dim=-1``).
+    norm_type : float, default 2.0
+        As in ``nn.Embedding``.
+    scale_grad_by_freq : bool, default False
+        As in ``nn.Embedding``.
+    sparse : bool, default False
+        As in ``nn.Embedding``.
     _weight : torch.Tensor, optional
         The full table ``[num_embeddings, embedding_dim]`` to start from (this rank keeps its
         slice), as in ``nn.Embedding`` / TorchShard.
@@ -51,8 +57,10 @@ class ParallelEmbedding(nn.Module):
         (the first layer of a sequence-parallel region).
     sequence_dim : int
         Sequence dimension of the output.
-    device, dtype : optional
+    device : torch.device, optional
         Placement of the weight (``meta``: not initialised).
+    dtype : torch.dtype, optional
+        The weight's dtype.
 
     Raises
     ------
@@ -146,7 +154,7 @@ class ParallelEmbedding(nn.Module):
             setattr(weight, _FULL_SIZE, self.embedding_dim)
 
     def reset_parameters(self) -> None:
-        """``nn.Embedding``'s initialisation (normal, padding row zero) of the full table, sliced."""
+        """Initialise as ``nn.Embedding`` initialises the full table (normal, padding row zero), then slice."""
 
         def init(full: torch.Tensor) -> None:
             nn.init.normal_(full)
@@ -156,7 +164,19 @@ class ParallelEmbedding(nn.Module):
         init_shard_(init, self.weight)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        """Look up ``input`` (see the class docstring)."""
+        """Look up ``input`` (see the class docstring).
+
+        Parameters
+        ----------
+        input : torch.Tensor
+            Global indices ``[*]`` into the full table.
+
+        Returns
+        -------
+        torch.Tensor
+            Embeddings ``[*, embedding_dim]`` (split along the last dim, tagged -1, for ``dim=-1``
+            with ``gather_output=False``; split along ``sequence_dim`` with ``sequence_parallel``).
+        """
         if _PARALLEL_DIM not in self.weight.__dict__:
             self._register_tags()
         check_ddp(self)
@@ -175,6 +195,13 @@ class ParallelEmbedding(nn.Module):
         )
 
     def extra_repr(self) -> str:
+        """Return the table's arguments for its ``repr``.
+
+        Returns
+        -------
+        str
+            Sizes, the arguments that differ from their defaults, and the parallel dim.
+        """
         s = f"{self.num_embeddings}, {self.embedding_dim}"
         if self.padding_idx is not None:
             s += f", padding_idx={self.padding_idx}"
@@ -194,14 +221,40 @@ class ParallelEmbedding(nn.Module):
     def convert_parallel_embedding(
         cls, module: nn.Module, dim: int | None = None, *, uneven: bool = False
     ) -> nn.Module:
-        """See :func:`convert_parallel_embedding`."""
+        """Replace every ``nn.Embedding`` in ``module`` (:func:`convert_parallel_embedding`).
+
+        Parameters
+        ----------
+        module : nn.Module
+            The module, itself an ``nn.Embedding`` or holding nested ones.
+        dim : {None, 0, 1, -1}
+            The parallel dim of the new layers (None: replicated).
+        uneven : bool, default False
+            Allow sizes the group size does not divide (``torch.chunk``'s split).
+
+        Returns
+        -------
+        nn.Module
+            The converted module (``module`` itself, modified, unless it is an ``nn.Embedding``).
+        """
         return convert_parallel_embedding(module, dim, uneven=uneven)
 
 
 def convert_parallel_embedding(module: nn.Module, dim: int | None = None, *, uneven: bool = False) -> nn.Module:
-    """Replace every ``nn.Embedding`` in ``module`` (nested too) by a :class:`ParallelEmbedding`
-    holding the matching slice of its table (split tables listed for DDP to ignore when the
-    tensor-parallel group is the whole world, see :func:`convert_parallel_linear`).
+    """Replace every ``nn.Embedding`` in ``module`` by a :class:`ParallelEmbedding` holding its slice.
+
+    Every ``nn.Embedding`` (nested too) becomes a table holding the matching slice of the original
+    one (split tables listed for DDP to ignore when the tensor-parallel group is the whole world,
+    see :func:`convert_parallel_linear`).
+
+    Parameters
+    ----------
+    module : nn.Module
+        The module, itself an ``nn.Embedding`` or holding nested ones.
+    dim : {None, 0, 1, -1}
+        The parallel dim of the new layers (None: replicated).
+    uneven : bool, default False
+        Allow sizes the group size does not divide (``torch.chunk``'s split).
 
     Returns
     -------

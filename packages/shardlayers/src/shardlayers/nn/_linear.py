@@ -148,18 +148,29 @@ class ParallelLinear(nn.Module):
                 setattr(bias, _FULL_SIZE, self.out_features)
 
     def reset_parameters(self) -> None:
-        """``nn.Linear``'s initialisation of the full weight (same RNG draws), then sliced."""
+        """Initialise as ``nn.Linear`` initialises the full weight (same RNG draws), then slice."""
         init_shard_(nn.init.kaiming_uniform_, self.weight, a=math.sqrt(5))
         if self.bias is not None:
             bound = 1 / math.sqrt(self.in_features)
             init_shard_(nn.init.uniform_, self.bias, a=-bound, b=bound)
 
     def reset_params(self) -> None:
-        """Alias of :meth:`reset_parameters` (TorchShard's name)."""
+        """Initialise the parameters: an alias of :meth:`reset_parameters` (TorchShard's name)."""
         self.reset_parameters()
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        """Apply the layer (see the class docstring)."""
+        """Apply the layer (see the class docstring).
+
+        Parameters
+        ----------
+        input : torch.Tensor
+            Input ``[*, in_features]`` (or this rank's slice of them for a row split tagged 0).
+
+        Returns
+        -------
+        torch.Tensor
+            The output ``[*, out_features]``, split and tagged -1 for a column split, full for a row split.
+        """
         if _PARALLEL_DIM not in self.weight.__dict__:
             self._register_tags()
         check_ddp(self)
@@ -168,6 +179,13 @@ class ParallelLinear(nn.Module):
         return PF.parallel_linear(input, self.weight, self.bias, self.dim)
 
     def extra_repr(self) -> str:
+        """Return the layer's arguments for its ``repr``.
+
+        Returns
+        -------
+        str
+            Sizes, bias and parallel dim.
+        """
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}, dim={self.dim}"
@@ -175,8 +193,16 @@ class ParallelLinear(nn.Module):
 
     @classmethod
     def convert_parallel_linear(cls, module: nn.Module, dim: int | None = None, *, uneven: bool = False) -> nn.Module:
-        """Replace every ``nn.Linear`` in ``module`` (itself or nested) by a ``ParallelLinear``
-        holding the matching slice of its parameters.
+        """Replace every ``nn.Linear`` in ``module`` by a ``ParallelLinear`` (:func:`convert_parallel_linear`).
+
+        Parameters
+        ----------
+        module : nn.Module
+            The module, itself or with nested ``nn.Linear`` layers.
+        dim : {None, 0, 1, -1}
+            The parallel dim of the new layers.
+        uneven : bool, default False
+            Allow sizes the group size does not divide (``torch.chunk``'s split).
 
         Returns
         -------
@@ -212,7 +238,13 @@ class ColumnParallelLinear(ParallelLinear):
     local_output : bool
         Return the local output as a plain tensor (no ``ParallelTensor`` tag), as DTensor's
         ``use_local_output=True``; the next layer must then be told its input is split.
-    uneven, pad_to_multiple_of, device, dtype
+    uneven : bool, default False
+        As for :class:`ParallelLinear`.
+    pad_to_multiple_of : int, optional
+        As for :class:`ParallelLinear`.
+    device : torch.device, optional
+        As for :class:`ParallelLinear`.
+    dtype : torch.dtype, optional
         As for :class:`ParallelLinear`.
 
     Raises
@@ -256,7 +288,18 @@ class ColumnParallelLinear(ParallelLinear):
         self.local_output = bool(local_output)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        """Apply the layer."""
+        """Apply the layer.
+
+        Parameters
+        ----------
+        input : torch.Tensor
+            Input ``[*, in_features]`` (split along ``sequence_dim`` with ``sequence_parallel``).
+
+        Returns
+        -------
+        torch.Tensor
+            The output: full with ``gather_output``, else this rank's ``out_features`` slice (tagged -1 unless ``local_output``).
+        """
         if _PARALLEL_DIM not in self.weight.__dict__:
             self._register_tags()
         check_ddp(self)
@@ -287,7 +330,11 @@ class RowParallelLinear(ParallelLinear):
         ``input_is_parallel``); the bias gradient is then summed over the group.
     sequence_dim : int
         Sequence dimension of the output.
-    uneven, device, dtype
+    uneven : bool, default False
+        As for :class:`ParallelLinear`.
+    device : torch.device, optional
+        As for :class:`ParallelLinear`.
+    dtype : torch.dtype, optional
         As for :class:`ParallelLinear`.
 
     Raises
@@ -319,7 +366,18 @@ class RowParallelLinear(ParallelLinear):
         self.sequence_dim = int(sequence_dim)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        """Apply the layer."""
+        """Apply the layer.
+
+        Parameters
+        ----------
+        input : torch.Tensor
+            Input ``[*, in_features]``, or this rank's slice of the features with ``input_is_parallel``.
+
+        Returns
+        -------
+        torch.Tensor
+            The full output ``[*, out_features]`` (split along ``sequence_dim`` with ``sequence_parallel``).
+        """
         if _PARALLEL_DIM not in self.weight.__dict__:
             self._register_tags()
         check_ddp(self)
@@ -342,12 +400,21 @@ def _convert(module: nn.Module, make: Any) -> nn.Module:
 
 
 def convert_parallel_linear(module: nn.Module, dim: int | None = None, *, uneven: bool = False) -> nn.Module:
-    """Replace every ``nn.Linear`` in ``module`` (nested too) by a :class:`ParallelLinear` with
-    parallel dim ``dim`` holding the matching slice of the original parameters.
+    """Replace every ``nn.Linear`` in ``module`` by a :class:`ParallelLinear` holding its slice.
 
-    When the tensor-parallel group is the whole world, the split parameters are also listed in
+    Every ``nn.Linear`` (nested too) becomes a layer with parallel dim ``dim`` holding the matching
+    slice of the original parameters. When the tensor-parallel group is the whole world, the split parameters are also listed in
     the returned module's ``_ddp_params_and_buffers_to_ignore``, as TorchShard's did, so that
     ``DistributedDataParallel(module)`` over the world does not average different shards.
+
+    Parameters
+    ----------
+    module : nn.Module
+        The module, itself an ``nn.Linear`` or holding nested ones.
+    dim : {None, 0, 1, -1}
+        The parallel dim of the new layers (None: replicated).
+    uneven : bool, default False
+        Allow sizes the group size does not divide (``torch.chunk``'s split).
 
     Returns
     -------

@@ -61,7 +61,20 @@ class ParallelCrossEntropyLoss(nn.Module):
         self.label_smoothing = float(label_smoothing)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Loss of ``input`` (logits, class dim last and split) against ``target``."""
+        """Return the loss of ``input`` against ``target`` (:func:`parallel_cross_entropy`).
+
+        Parameters
+        ----------
+        input : torch.Tensor
+            Logits ``[*, C_local]``, class dim last (split over the group when tagged -1/1).
+        target : torch.Tensor
+            Class indices ``[*]``.
+
+        Returns
+        -------
+        torch.Tensor
+            The loss, reduced as ``reduction`` says.
+        """
         return PF.parallel_cross_entropy(
             input,
             target,
@@ -97,6 +110,17 @@ class RegisterParallelDim(nn.Module):
     def forward(self, input: Any) -> Any:
         """Return ``input`` tagged with ``dim`` (a tensor, or a list / tuple of tensors).
 
+        Parameters
+        ----------
+        input : torch.Tensor or list or tuple
+            A tensor, or a list / tuple of tensors.
+
+        Returns
+        -------
+        Any
+            The same tensors, tagged (a :class:`ts.ParallelTensor` view for a tag other than None),
+            in a container of the input's type.
+
         Raises
         ------
         TypeError
@@ -113,4 +137,11 @@ class RegisterParallelDim(nn.Module):
         return tag_output(x, self.dim)
 
     def extra_repr(self) -> str:
+        """Return the module's argument for its ``repr``.
+
+        Returns
+        -------
+        str
+            ``dim=...``.
+        """
         return f"dim={self.dim}"

@@ -190,6 +190,7 @@ def parallel_linear(
     Returns
     -------
     torch.Tensor
+        ``[*, out]``, or ``[*, out_local]`` tagged -1 for a column split (``dim=-1``/``1``).
 
     Raises
     ------
@@ -235,7 +236,15 @@ def parallel_embedding(
         Integer ids (global indices).
     weight : torch.Tensor
         This rank's shard of the table.
-    padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse
+    padding_idx : int, optional
+        As in ``F.embedding`` (a global row index).
+    max_norm : float, optional
+        As in ``F.embedding`` (not with ``dim=-1``).
+    norm_type : float, default 2.0
+        As in ``F.embedding``.
+    scale_grad_by_freq : bool, default False
+        As in ``F.embedding``.
+    sparse : bool, default False
         As in ``F.embedding``.
     num_embeddings : int, optional
         Full vocabulary size (needed for uneven ``dim=0`` splits of functional callers;
@@ -251,6 +260,8 @@ def parallel_embedding(
     Returns
     -------
     torch.Tensor
+        Embeddings ``[*, D]`` (the last dim split and tagged -1 for ``dim=-1`` without
+        ``gather_output``; split along ``sequence_dim`` when it is given).
 
     Raises
     ------
@@ -335,19 +346,24 @@ def parallel_cross_entropy(
         Class indices ``[*]`` (int64/int32); ``ignore_index`` entries contribute nothing.
     weight : torch.Tensor, optional
         Full per-class weight ``[C]`` (replicated).
-    size_average, reduce : bool, optional
-        Deprecated legacy arguments (as in ``F.cross_entropy`` and TorchShard); when either is
-        given they override ``reduction``.
-    ignore_index : int
+    size_average : bool, optional
+        Deprecated legacy argument (as in ``F.cross_entropy`` and TorchShard); when it or
+        ``reduce`` is given they override ``reduction``.
+    ignore_index : int, default -100
         Target value to ignore.
+    reduce : bool, optional
+        Deprecated legacy argument, see ``size_average``.
     reduction : {'mean', 'sum', 'none'}
         As in ``F.cross_entropy`` (weighted mean divides by the sum of target weights).
-    label_smoothing : float
+    label_smoothing : float, default 0.0
         In ``[0, 1]``, as in ``F.cross_entropy``.
 
     Returns
     -------
     torch.Tensor
+        The loss: a scalar for ``'mean'`` / ``'sum'``, ``[*]`` for ``'none'``; float32 for
+        float16/bfloat16 logits, else the logits' dtype. Its backward gives the logits' gradient
+        (local classes only).
 
     Raises
     ------
@@ -360,6 +376,20 @@ def parallel_cross_entropy(
     RuntimeError
         If the input is tagged and the process groups are not initialised, or ``target`` is on
         another device than ``input`` (``F.cross_entropy``'s error).
+
+    Examples
+    --------
+    One process holding every class (a tensor-parallel group of 1):
+
+    >>> import torch, torch.distributed as dist
+    >>> import shardlayers as ts
+    >>> dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29512", rank=0, world_size=1)
+    >>> ts.distributed.init_process_group(1)
+    >>> logits = ts.nn.RegisterParallelDim(-1)(torch.tensor([[2.0, 0.0, 0.0]], requires_grad=True))
+    >>> loss = ts.nn.functional.parallel_cross_entropy(logits, torch.tensor([0]))
+    >>> round(loss.item(), 4)  # log(e^2 + 2) - 2
+    0.2395
+    >>> loss.backward()
     """
     if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS:
         raise TypeError(f"input must be a floating tensor, got {getattr(input, 'dtype', type(input))}")
