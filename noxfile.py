@@ -2,6 +2,7 @@
 
     nox -l                                # list the sessions
     nox -s tests                          # build and test all six packages (torch 2.13.0)
+    nox -s wheels                         # only build the six wheels into build/wheelhouse
     nox -s "tests(package='mpiad')"       # one package alone
     nox -s "tests(package='cluster')"     # every `cluster` test, across simulated hosts (root; ci/cluster/)
     nox -s "sanitize(package='kvps')"     # a package's suite under AddressSanitizer + UBSan
@@ -19,6 +20,7 @@ through $MPICC / $MPIEXEC. What Open MPI needs on our machines is in ci/env.open
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -179,24 +181,31 @@ def _source_digest(pkg: str) -> str:
 def build_wheels(
     session: nox.Session, packages: list[str], outdir: Path = WHEELHOUSE, env: dict[str, str] | None = None
 ) -> None:
-    """Build wheels of common + `packages` into outdir.
+    """Build wheels of common + `packages` into outdir, common first, then the others side by side.
 
     A wheel is rebuilt only when its sources changed (a digest is kept next to it),
-    so the per-package test sessions of one `nox -s tests` build common once.
+    so the sessions of one `nox -s tests` build each wheel once (in the `wheels` session).
+    Each package compiles essentially one translation unit, so one build keeps one core
+    busy: the packages that need common build as many at a time as there are cores.
     """
     outdir.mkdir(parents=True, exist_ok=True)
-    for pkg in ["common", *[p for p in packages if p != "common"]]:
+
+    def stale(pkg: str) -> str | None:
+        """The digest to record once `pkg` is built, or None when its wheel is up to date."""
         stem = DIST_NAMES[pkg].replace("-", "_")
-        stamp = outdir / f"{stem}.digest"
         digest = _source_digest(pkg)
         if env:  # the same sources built with other settings (sanitizers, CUDA architectures) differ
             digest += "-" + hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:8]
         wheels = list(outdir.glob(f"{stem}-{version()}-*.whl"))
+        stamp = outdir / f"{stem}.digest"
         if wheels and stamp.exists() and stamp.read_text() == digest:
             session.log(f"{wheels[0].name} is up to date")
-            continue
+            return None
         for old in outdir.glob(f"{stem}-*.whl"):
             old.unlink()
+        return digest
+
+    def build(pkg: str, digest: str, silent: bool) -> None:
         session.run(
             "python",
             "-m",
@@ -209,8 +218,23 @@ def build_wheels(
             str(outdir),
             str(ROOT / "packages" / pkg),
             env={"PIP_FIND_LINKS": str(outdir), **(env or {})},
+            silent=silent,  # (side by side: a failed build's output is printed whole)
         )
-        stamp.write_text(digest)
+        (outdir / f"{DIST_NAMES[pkg].replace('-', '_')}.digest").write_text(digest)
+
+    digest = stale("common")
+    if digest:  # every other package builds against it (build-system.requires)
+        build("common", digest, silent=False)
+    todo = [(pkg, d) for pkg in dict.fromkeys(p for p in packages if p != "common") if (d := stale(pkg))]
+    if len(todo) <= 1:
+        for pkg, d in todo:
+            build(pkg, d, silent=False)
+        return
+    jobs = min(len(todo), os.cpu_count() or 1)
+    session.log(f"building {', '.join(p for p, _ in todo)}, {jobs} at a time")
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        for future in [pool.submit(build, pkg, d, True) for pkg, d in todo]:
+            future.result()
 
 
 def install_wheels(session: nox.Session, packages: list[str], wheelhouse: Path = WHEELHOUSE) -> None:
@@ -324,6 +348,14 @@ def docs(session: nox.Session) -> None:
 
 # without pip: install_base links the base environment's pip in with torch (ensurepip took 7 s a venv)
 @nox.session(python="3.11", venv_params=["--without-pip"])
+def wheels(session: nox.Session) -> None:
+    """Build the wheels of all six packages into build/wheelhouse (those whose sources changed),
+    as many side by side as there are cores; every `tests` session runs it first."""
+    install_base(session)  # (MPI's compiler wrappers, for kvps and mpiad)
+    build_wheels(session, list(PACKAGES))
+
+
+@nox.session(python="3.11", venv_params=["--without-pip"], requires=["wheels"])
 @nox.parametrize("package", [*PACKAGES, "integration", "docs", "cluster"])
 def tests(session: nox.Session, package: str) -> None:
     """Build a package with distkit-common and run its tests (torch 2.13.0); `integration`: the composed job;
