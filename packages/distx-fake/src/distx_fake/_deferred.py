@@ -169,6 +169,17 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
     ------
     TypeError
         If ``module_fn`` is not callable.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from distx_fake import deferred_init, fake
+    >>> m = deferred_init.deferred_init(torch.nn.Linear, 4, 2)
+    >>> fake.is_fake(m.weight)
+    True
+    >>> deferred_init.materialize_module(m)
+    >>> fake.is_fake(m.weight)
+    False
     """
     if not callable(module_fn):
         raise TypeError(f"module_fn must be callable, got {type(module_fn).__name__}")
@@ -204,10 +215,13 @@ def is_deferred(obj: torch.Tensor | torch.nn.Module) -> bool:
     Parameters
     ----------
     obj : torch.Tensor or torch.nn.Module
+        The tensor or module to ask about.
 
     Returns
     -------
     bool
+        Whether ``obj`` (a tensor) or one of its parameters or buffers (a module) is a fake
+        tensor recorded by :func:`deferred_init` and not yet materialized.
 
     Raises
     ------
@@ -311,6 +325,15 @@ def materialize_module(
         If ``module`` is not a module or ``check_fn`` is not callable.
     CapturedTensorModifiedError
         If a real tensor used during recording was modified in place since.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from distx_fake import deferred_init
+    >>> m = deferred_init.deferred_init(torch.nn.Linear, 4, 2)
+    >>> deferred_init.materialize_module(m)
+    >>> m.weight.shape
+    torch.Size([2, 4])
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"materialize_module expects an nn.Module, got {type(module).__name__}")

@@ -93,10 +93,7 @@ def is_fake(tensor: Any) -> bool:
     Returns
     -------
     bool
-
-    Raises
-    ------
-    None
+        Whether ``tensor`` is a fake tensor; never raises.
     """
     if isinstance(tensor, FakeTensor):
         return True

@@ -76,9 +76,38 @@ class FakeTensor(torch.Tensor):
     # Reading values: while deferred_init records, the value is computed for real (a copy:
     # the tensor itself stays fake); anywhere else a fake tensor has no values to read.
     def numpy(self, *args: Any, **kwargs: Any) -> Any:
+        """The values as a NumPy array: only while deferred_init records (a real copy).
+
+        Parameters
+        ----------
+        *args, **kwargs
+            As for ``torch.Tensor.numpy``.
+
+        Returns
+        -------
+        numpy.ndarray
+            The values recorded so far.
+
+        Raises
+        ------
+        FakeDataError
+            Outside deferred_init's recording (a fake tensor has no values).
+        """
         return _real_value(self, ".numpy()").clone().numpy(*args, **kwargs)
 
     def tolist(self) -> Any:
+        """The values as nested lists: only while deferred_init records.
+
+        Returns
+        -------
+        list or number
+            The values recorded so far.
+
+        Raises
+        ------
+        FakeDataError
+            Outside deferred_init's recording.
+        """
         return _real_value(self, ".tolist()").tolist()
 
     def __array__(self, *args: Any, **kwargs: Any) -> Any:
@@ -98,6 +127,13 @@ class FakeTensor(torch.Tensor):
         return new
 
     def untyped_storage(self) -> torch.UntypedStorage:
+        """The storage of the meta tensor behind this one (no memory).
+
+        Returns
+        -------
+        torch.UntypedStorage
+            A meta storage of the right size.
+        """
         return self._elem.untyped_storage()
 
     # ``t.data = new`` (``Module._apply``: ``.double()``, ``.half()``, ``.to(dtype)``...) swaps the
@@ -105,6 +141,7 @@ class FakeTensor(torch.Tensor):
     # the wrapper, and deferred_init's record of where the value comes from, must follow.
     @property
     def data(self) -> torch.Tensor:
+        """The tensor without autograd history; assigning another fake tensor swaps the metadata."""
         return _DATA_GETTER.__get__(self, type(self))
 
     @data.setter
@@ -127,6 +164,18 @@ class FakeTensor(torch.Tensor):
     # but torch runs the bodies of Python-level functions (e.g. F.multi_head_attention_forward)
     # with subclass ``__torch_function__`` disabled, so they are also overridden here.
     def contiguous(self, memory_format: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
+        """``torch.Tensor.contiguous``, also for a fake CUDA tensor without a CUDA runtime.
+
+        Parameters
+        ----------
+        memory_format : torch.memory_format, optional
+            As for ``torch.Tensor.contiguous``.
+
+        Returns
+        -------
+        torch.Tensor
+            A fake tensor in that memory format (``self`` when already in it).
+        """
         if _no_cuda_fake(self):
             return _fake_cuda_call(_aten.contiguous.default, (self,), {"memory_format": memory_format})
         return super().contiguous(memory_format=memory_format)
@@ -143,6 +192,20 @@ class FakeTensor(torch.Tensor):
         super().__setitem__(index, value)
 
     def copy_(self, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+        """``torch.Tensor.copy_``, also for a fake CUDA tensor without a CUDA runtime.
+
+        Parameters
+        ----------
+        src : torch.Tensor
+            The tensor whose values (recorded by deferred_init, if it records) are copied.
+        non_blocking : bool, optional
+            As for ``torch.Tensor.copy_``.
+
+        Returns
+        -------
+        torch.Tensor
+            ``self``.
+        """
         if _no_cuda_fake(self):
             return _fake_cuda_call(_aten.copy_.default, (self, src, non_blocking), {})
         return super().copy_(src, non_blocking)
