@@ -1,6 +1,7 @@
-// io_engine.hpp - checkpoint I/O engine of distx-fake: crc32c (SSE4.2 when the
-// CPU has it, else a slicing-by-8 table), positional reads and writes of byte
-// ranges on a thread pool, fsync of files and directories, atomic exchange.
+// io_engine.hpp - checkpoint I/O engine of distx-fake: crc32c (crc32c.hpp/.cpp), positional
+// reads and writes of byte ranges on a thread pool (io_pieces.cpp), file-to-file copies
+// (io_copy.cpp), page-cache residency, fsync of files and directories, atomic exchange
+// (io_files.cpp); io_util.hpp holds what they share.
 #pragma once
 
 #include <cstddef>
@@ -8,14 +9,9 @@
 #include <string>
 #include <vector>
 
-namespace distx {
+#include "crc32c.hpp"
 
-/// CRC-32C (Castagnoli) of [data, data + n), continuing from `crc` (0 to start).
-uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
-/// Same, forcing the portable software implementation (for tests).
-uint32_t crc32c_sw(const void* data, size_t n, uint32_t crc = 0);
-/// True when the SSE4.2 crc32 instruction is used.
-bool crc32c_hw_available();
+namespace distx {
 
 struct Piece {
   uintptr_t ptr;      // host memory

@@ -39,7 +39,8 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from . import _distx_fake as _native
-from ._fake import FakeTensor, _leaves, _map
+from ._fake_tensor import FakeTensor
+from ._tree import _leaves, _map
 
 _aten = torch.ops.aten
 _KIND = {

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from ._deferred import (
-    CapturedTensorModifiedError,
     deferred_init,
     is_deferred,
     materialize_module,
     materialize_tensor,
 )
+from ._graph import CapturedTensorModifiedError
 
 __all__ = [
     "CapturedTensorModifiedError",

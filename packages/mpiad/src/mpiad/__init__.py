@@ -12,10 +12,7 @@ import atexit as _atexit
 
 import mpi4py.MPI as _MPI  # noqa: F401  (initialises MPI (MPI_THREAD_MULTIPLE) and loads libmpi first)
 
-from . import (
-    _library,  # noqa: F401  (registers the torch.compile custom ops)
-    _mpiad,
-)
+from . import _mpiad
 from ._algo import configure as _configure_allreduce  # noqa: F401  (reads MPIAD_ALLREDUCE / MPIAD_LARGE_BYTES)
 from ._comm import COMM_WORLD, Communicator, MPI_Communicator, comm_from_mpi4py
 from ._constants import (

@@ -105,3 +105,133 @@ def check_scatter_op(op: Any, t: Tensor) -> int:
     if op in (MPI_MINLOC, MPI_MAXLOC):
         raise MpiadTypeError("Reduce_scatter does not support MPI_MINLOC / MPI_MAXLOC")
     return op
+
+
+def check_out(out: Any, t: Tensor) -> None:
+    """Validate the ``out=`` tensor of an Allreduce of ``t``.
+
+    Parameters
+    ----------
+    out : object
+        What the caller passed as ``out``.
+    t : torch.Tensor
+        The (checked) input.
+
+    Raises
+    ------
+    ValueError
+        ``out`` is not a contiguous tensor of ``t``'s device, shape and dtype without grad,
+        is a lazy conjugate / negative view, or partly overlaps ``t``.
+    """
+    if not (
+        isinstance(out, torch.Tensor)
+        and out.device == t.device
+        and out.layout == torch.strided
+        and not out.is_nested
+        and out.is_contiguous()
+        and out.dtype == t.dtype
+        and out.shape == t.shape
+        and not out.requires_grad
+    ):
+        raise MpiadValueError(
+            "out must be a contiguous tensor on the input's device, of its shape and dtype, without grad"
+        )
+    if out.is_conj() or out.is_neg():
+        raise MpiadValueError("out must hold its own values, not a lazy conjugate or negative view (resolve_conj())")
+    if out is not t and out.nbytes:
+        a, b, n = t.data_ptr(), out.data_ptr(), t.nbytes
+        if a != b and a < b + n and b < a + n:
+            raise MpiadValueError("out overlaps the input without being it (MPI forbids partly aliased buffers)")
+
+
+def default_numelem(t: Tensor, axis: int, size: int, name: str) -> int:
+    """The even share of ``t`` along ``axis`` over ``size`` ranks (Reduce_scatter's default ``numelem``).
+
+    Parameters
+    ----------
+    t : torch.Tensor
+        The input.
+    axis : int
+        The (checked) scatter axis.
+    size : int
+        The communicator size.
+    name : str
+        The operation, for the message.
+
+    Returns
+    -------
+    int
+        ``t.shape[axis] // size``.
+
+    Raises
+    ------
+    ValueError
+        The size along ``axis`` does not divide by ``size``.
+    """
+    if t.shape[axis] % size:
+        raise MpiadValueError(
+            f"{name}: size {t.shape[axis]} along axis {axis} does not divide by {size} ranks; pass numelem"
+        )
+    return t.shape[axis] // size
+
+
+def script_numelem(tensor: Tensor, axis: int, numelem: int | None, size: int) -> int:
+    """(compiled by TorchScript) Reduce_scatter's share: ``numelem``, by default the even split.
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        The input.
+    axis : int
+        The scatter axis.
+    numelem : int or None
+        The share the caller gave, if any.
+    size : int
+        The communicator size.
+
+    Returns
+    -------
+    int
+        ``numelem``, or ``tensor.size(axis) // size``.
+
+    Raises
+    ------
+    ValueError
+        No ``numelem`` and the size along ``axis`` does not divide by ``size``.
+    """
+    if numelem is not None:
+        return numelem
+    n = tensor.size(axis)
+    if n % size != 0:
+        raise ValueError(f"Reduce_scatter: size {n} along axis {axis} does not divide by {size} ranks; pass numelem")
+    return n // size
+
+
+def check_reduce_scatter(
+    tensor: Any, op: Any, scatteraxis: Any, numelem: Any, size: int
+) -> tuple[Tensor, int, int, int]:
+    """Validate the arguments of a (non-blocking) Reduce_scatter on ``size`` ranks.
+
+    Parameters
+    ----------
+    tensor, op, scatteraxis, numelem : object
+        What the caller passed (``numelem`` may be ``None``: the even split).
+    size : int
+        The communicator size.
+
+    Returns
+    -------
+    tuple of (torch.Tensor, int, int, int)
+        The tensor, op, axis (non-negative) and this rank's share.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`check_tensor`, :func:`check_scatter_op`, ``check_axis``, :func:`check_numelem`
+        and :func:`default_numelem`.
+    """
+    t = check_tensor(tensor)
+    op = check_scatter_op(op, t)
+    axis = check_axis(scatteraxis, "scatteraxis", t.dim())
+    numelem = default_numelem(t, axis, size, "Reduce_scatter") if numelem is None else check_numelem(numelem)
+    return t, op, axis, numelem

@@ -3,9 +3,13 @@
 Each method validates its arguments locally (raising before any
 communication), then takes one of three paths:
 
-* under ``torch.compile``: the ``torch.ops.mpiad`` custom ops (see ``_library``);
-* an input requires grad: the autograd Functions of ``_functions`` / ``_p2p``;
-* otherwise: straight to the native call (the latency fast path).
+* under ``torch.compile``: the ``torch.ops.mpiad`` custom ops;
+* an input requires grad: the collective's autograd Function;
+* otherwise: straight to the raw communication of ``_collectives``;
+
+and ``Allreduce`` first tries its latency path (checked in C). A collective's custom op,
+Function and backward rule sit together: ``_reductions`` (Allreduce, Bcast_, Reduce_),
+``_gathers`` (Gather, Allgather, Scatter, Alltoall, Reduce_scatter).
 
 :class:`Communicator` is also a TorchScript class (compiled when a scripted
 function or module first names it): the collectives and ``rank`` / ``size``
@@ -14,7 +18,9 @@ time, so scripted code calls the same custom ops as ``torch.compile`` and the
 Python branch is neither compiled nor slowed. TorchScript parses (but does not
 compile) the Python branches, so they avoid syntax it cannot parse (``try``,
 ``import``, generators). Methods TorchScript cannot express (point to point,
-non-blocking, ``Barrier``) are dropped from the compiled class.
+non-blocking, ``Barrier``) are dropped from the compiled class; the non-blocking and
+point-to-point methods are defined next to their autograd (``_nonblocking``, ``_p2p``)
+and attached to the class here.
 """
 
 from __future__ import annotations
@@ -25,24 +31,26 @@ import torch
 from mpi4py import MPI
 
 from . import _collectives as _coll
-from . import _functions as F
+from . import _gathers as G
 from . import _handles, _mpiad, _nonblocking, _p2p
+from . import _reductions as R
 from ._checks import (
-    CODE,
     check_axis,
     check_int,
     check_numelem,
     check_op,
+    check_out,
     check_rank,
-    check_scatter_op,
-    check_tag,
+    check_reduce_scatter,
     check_tensor,
+    script_numelem,
 )
 from ._constants import MPI_SUM
 from ._debug import state as _debug
 from ._errors import MpiadTypeError, MpiadValueError
+from ._functions import NoInplaceReuse, needs_grad
 from ._handles import WaitHandle
-from ._pool import POOL_MIN_BYTES, new_output
+from ._registry import register
 
 Tensor = torch.Tensor
 
@@ -50,99 +58,7 @@ _is_compiling = torch.compiler.is_compiling
 _is_scripting = torch.jit.is_scripting  # (TorchScript: the constant True; Python: False)
 #: marks a method TorchScript leaves out of the compiled class
 _drop = torch.jit._drop
-_Tensor = torch.Tensor
-_Parameter = torch.nn.Parameter
-_AllreduceSmall = F.AllreduceSmall
-_apply_small = F.apply_small
-_functorch_active = F.functorch_active
-_unwrap_if_dead = F.unwrap_if_dead
 _allreduce_tensor = _mpiad.allreduce_tensor
-#: whether the C latency path is on (False only where a torch release defines a
-#: tensor attribute it reads in Python; every call then takes the Python path)
-TENSOR_FAST_PATH: bool = _mpiad.init_tensor_fast(
-    _Tensor,
-    _Parameter,
-    torch.is_grad_enabled,
-    torch._C._increment_version,
-    torch.empty_like,
-    new_output,
-    CODE,
-    POOL_MIN_BYTES,
-)
-
-
-def _needs_grad(t: Tensor) -> bool:
-    return t.requires_grad and torch.is_grad_enabled()
-
-
-def _check_out(out: Any, t: Tensor) -> None:
-    if not (
-        isinstance(out, torch.Tensor)
-        and out.device == t.device
-        and out.layout == torch.strided
-        and not out.is_nested
-        and out.is_contiguous()
-        and out.dtype == t.dtype
-        and out.shape == t.shape
-        and not out.requires_grad
-    ):
-        raise MpiadValueError(
-            "out must be a contiguous tensor on the input's device, of its shape and dtype, without grad"
-        )
-    if out.is_conj() or out.is_neg():
-        raise MpiadValueError("out must hold its own values, not a lazy conjugate or negative view (resolve_conj())")
-    if out is not t and out.nbytes:
-        a, b, n = t.data_ptr(), out.data_ptr(), t.nbytes
-        if a != b and a < b + n and b < a + n:
-            raise MpiadValueError("out overlaps the input without being it (MPI forbids partly aliased buffers)")
-
-
-def _compiled_handle(t: Tensor, result: Tensor) -> WaitHandle:
-    """Under torch.compile a non-blocking op is traced as its blocking custom op (the
-    same values and gradients, from the op's autograd formula; the compiled graph
-    does not overlap it). The handle's dummy is the result itself: Wait returns it,
-    and JoinDummies on it orders as on the real handle."""
-    return WaitHandle(result, None)
-
-
-def _allreduce_small(tensor: Tensor, comm: Communicator, op: int, code: int) -> Tensor:
-    """The autograd latency path of Allreduce (one AllreduceSmall node; ``code``: the dtype code)."""
-    if _functorch_active():
-        return _AllreduceSmall.apply(tensor, comm, op, code)
-    try:
-        tensor.data_ptr()
-    except RuntimeError:  # no storage: a functorch wrapper left from a transform
-        tensor = _unwrap_if_dead(tensor)  # (what Function.apply would do)
-    return _apply_small(tensor, comm, op, code)
-
-
-def _script_numelem(tensor: Tensor, axis: int, numelem: int | None, size: int) -> int:
-    """(compiled by TorchScript) Reduce_scatter's share: ``numelem``, by default the even split."""
-    if numelem is not None:
-        return numelem
-    n = tensor.size(axis)
-    if n % size != 0:
-        raise ValueError(f"Reduce_scatter: size {n} along axis {axis} does not divide by {size} ranks; pass numelem")
-    return n // size
-
-
-def _default_numelem(t: Tensor, axis: int, size: int, name: str) -> int:
-    if t.shape[axis] % size:
-        raise MpiadValueError(
-            f"{name}: size {t.shape[axis]} along axis {axis} does not divide by {size} ranks; pass numelem"
-        )
-    return t.shape[axis] // size
-
-
-_REGISTRY: dict[int, Communicator] = {}
-
-
-def lookup(handle: int) -> Communicator:
-    """The :class:`Communicator` of an integer handle (used by the compiled ops)."""
-    try:
-        return _REGISTRY[handle]
-    except KeyError:
-        raise MpiadValueError(f"no mpiad communicator with handle {handle:#x}") from None
 
 
 class Communicator:
@@ -154,6 +70,18 @@ class Communicator:
     A TorchScript class too: scripted functions may take one
     (``comm: mpiad.MPI_Communicator``) and call ``rank``, ``size`` and the
     blocking collectives; scripted modules may hold one as an attribute.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        The communicator to wrap (kept alive by this object).
+
+    Raises
+    ------
+    TypeError
+        ``comm`` is not an mpi4py communicator.
+    ValueError
+        ``comm`` is ``MPI.COMM_NULL``.
     """
 
     #: (not compiled: TorchScript has no type for an mpi4py object)
@@ -179,7 +107,7 @@ class Communicator:
             self._size = int(_mpiad.comm_size(self._handle))
             ub = comm.Get_attr(MPI.TAG_UB)  # the largest tag this MPI accepts (>= 32767 by the standard)
             self._tag_ub = int(ub) if ub else 32767
-            _REGISTRY[self._handle] = self
+            register(self)
 
     @_drop
     def __repr__(self) -> str:
@@ -187,7 +115,7 @@ class Communicator:
 
     @property
     def rank(self) -> int:
-        """This process's rank in the communicator (0 .. size-1)."""
+        """Rank of this process in the communicator (0 .. size-1)."""
         return self._rank
 
     @property
@@ -235,6 +163,14 @@ class Communicator:
             Not a tensor, or ``op`` undefined for its dtype.
         ValueError
             Unknown ``op``; ``out`` not matching, or used with autograd.
+
+        Examples
+        --------
+        >>> import torch, mpiad
+        >>> comm = mpiad.COMM_WORLD
+        >>> x = torch.full((3,), float(comm.rank + 1), requires_grad=True)
+        >>> y = comm.Allreduce(x, mpiad.MPI_SUM)  # 1 + 2 + ... + size in every element
+        >>> y.sum().backward()  # x.grad: size in every element (the sum of every rank's ones)
         """
         if _is_scripting():
             if out is not None:
@@ -249,24 +185,32 @@ class Communicator:
                 if result is not None:
                     if type(result) is not int:
                         return result
-                    return _allreduce_small(tensor, self, op, result)
+                    return R.allreduce_small(tensor, self, op, result)
             t = check_tensor(tensor)
             op = check_op(op, t)
             if out is not None:
-                if _needs_grad(t) or not t.is_contiguous() or _is_compiling():
+                if needs_grad(t) or not t.is_contiguous() or _is_compiling():
                     raise MpiadValueError("out= is only supported for contiguous tensors that do not require grad")
-                _check_out(out, t)
+                check_out(out, t)
                 _coll.allreduce_out(self._handle, t, op, out)
                 torch.autograd.graph.increment_version(out)  # as torch's out= ops do
                 return out
             if _is_compiling():
                 return torch.ops.mpiad.allreduce(t, self._handle, op)
-            if _needs_grad(t):
-                return F.Allreduce.apply(t, self._handle, self._rank, self._size, op)
+            if needs_grad(t):
+                return R.Allreduce.apply(t, self._handle, self._rank, self._size, op)
             return _coll.allreduce(self._handle, t, op)
 
     def Bcast_(self, tensor: Tensor, root: int) -> Tensor:
         """Broadcast root's ``tensor`` into every rank's ``tensor`` (in place).
+
+        Parameters
+        ----------
+        tensor : torch.Tensor
+            On root the values to send; elsewhere the tensor to overwrite (same shape and
+            dtype on every rank).
+        root : int
+            The rank whose values every rank receives.
 
         Returns
         -------
@@ -288,16 +232,26 @@ class Communicator:
             root = check_rank(root, "root", self._size)
             if _is_compiling():
                 return torch.ops.mpiad.bcast(t, self._handle, root)
-            if _needs_grad(t):
-                out = F.Bcast.apply(t, self._handle, self._rank, root)
+            if needs_grad(t):
+                out = R.Bcast.apply(t, self._handle, self._rank, root)
                 if t.grad_fn is not None:
-                    F.NoInplaceReuse.apply(t, "Bcast_")
+                    NoInplaceReuse.apply(t, "Bcast_")
                 return out
             _coll.bcast_into(self._handle, t, root)
             return t
 
     def Reduce_(self, tensor: Tensor, op: int, root: int) -> Tensor:
         """Combine ``tensor`` elementwise over all ranks into root's ``tensor`` (in place).
+
+        Parameters
+        ----------
+        tensor : torch.Tensor
+            Same shape and dtype on every rank; overwritten with the result.
+        op : int
+            One of the ``MPI_*`` constants (differentiable: SUM, AVG, MAX, MIN, PROD, MINLOC,
+            MAXLOC).
+        root : int
+            The rank that gets the combined values.
 
         Returns
         -------
@@ -320,10 +274,10 @@ class Communicator:
             root = check_rank(root, "root", self._size)
             if _is_compiling():
                 return torch.ops.mpiad.reduce(t, self._handle, op, root)
-            if _needs_grad(t):
-                out = F.Reduce.apply(t, self._handle, self._rank, self._size, op, root)
+            if needs_grad(t):
+                out = R.Reduce.apply(t, self._handle, self._rank, self._size, op, root)
                 if t.grad_fn is not None:
-                    F.NoInplaceReuse.apply(t, "Reduce_")
+                    NoInplaceReuse.apply(t, "Reduce_")
                 return out
             _coll.reduce_into(self._handle, t, op, root, self._rank)
             return t
@@ -335,9 +289,21 @@ class Communicator:
 
         Parameters
         ----------
+        tensor : torch.Tensor
+            Same shape and dtype on every rank.
+        op : int, optional
+            ``MPI_SUM`` (default) or another ``MPI_*`` constant except MINLOC / MAXLOC
+            (differentiable: SUM and AVG).
+        scatteraxis : int, optional
+            The axis along which the result is split between the ranks (default 0).
         numelem : int, optional
             This rank's share; by default ``tensor.shape[scatteraxis] // size``
             (which must then divide evenly).
+
+        Returns
+        -------
+        torch.Tensor
+            This rank's ``numelem`` slices of the combined tensor along ``scatteraxis``.
 
         Raises
         ------
@@ -345,25 +311,15 @@ class Communicator:
             Bad tensor/op/axis, or shares that do not add up (on every rank).
         """
         if _is_scripting():
-            k = _script_numelem(tensor, scatteraxis, numelem, self._size)
+            k = script_numelem(tensor, scatteraxis, numelem, self._size)
             return torch.ops.mpiad.reduce_scatter(tensor, self._handle, op, scatteraxis, k)
         else:
-            t, op, axis, numelem = self._reduce_scatter_args(tensor, op, scatteraxis, numelem)
+            t, op, axis, numelem = check_reduce_scatter(tensor, op, scatteraxis, numelem, self._size)
             if _is_compiling():
                 return torch.ops.mpiad.reduce_scatter(t, self._handle, op, axis, numelem)
-            if _needs_grad(t):
-                return F.ReduceScatter.apply(t, self._handle, op, axis, numelem)
+            if needs_grad(t):
+                return G.ReduceScatter.apply(t, self._handle, op, axis, numelem)
             return _coll.reduce_scatter(self._handle, t, op, axis, numelem)
-
-    @_drop
-    def _reduce_scatter_args(
-        self, tensor: Any, op: Any, scatteraxis: Any, numelem: Any
-    ) -> tuple[Tensor, int, int, int]:
-        t = check_tensor(tensor)
-        op = check_scatter_op(op, t)
-        axis = check_axis(scatteraxis, "scatteraxis", t.dim())
-        numelem = _default_numelem(t, axis, self._size, "Reduce_scatter") if numelem is None else check_numelem(numelem)
-        return t, op, axis, numelem
 
     # ------------------------------------------------------- gather / scatter
     def Gather(self, tensor: Tensor, gatheraxis: int, root: int) -> Tensor:
@@ -371,6 +327,21 @@ class Communicator:
 
         Sizes along ``gatheraxis`` may differ between ranks. Non-root ranks get a
         tensor of size 0 along ``gatheraxis``.
+
+        Parameters
+        ----------
+        tensor : torch.Tensor
+            This rank's part: the same dtype on every rank, the same shape but along ``gatheraxis``.
+        gatheraxis : int
+            The axis to concatenate along.
+        root : int
+            The rank that receives the concatenation.
+
+        Returns
+        -------
+        torch.Tensor
+            On root the concatenation in rank order; elsewhere an empty tensor (size 0 along
+            ``gatheraxis``).
 
         Raises
         ------
@@ -385,12 +356,24 @@ class Communicator:
             root = check_rank(root, "root", self._size)
             if _is_compiling():
                 return torch.ops.mpiad.gather(t, self._handle, axis, root)
-            if _needs_grad(t):
-                return F.Gather.apply(t, self._handle, self._rank, self._size, axis, root)
+            if needs_grad(t):
+                return G.Gather.apply(t, self._handle, self._rank, self._size, axis, root)
             return _coll.gather(self._handle, t, axis, root, self._rank)
 
     def Allgather(self, tensor: Tensor, gatheraxis: int) -> Tensor:
         """Concatenate every rank's ``tensor`` along ``gatheraxis`` on every rank.
+
+        Parameters
+        ----------
+        tensor : torch.Tensor
+            This rank's part: the same dtype on every rank, the same shape but along ``gatheraxis``.
+        gatheraxis : int
+            The axis to concatenate along.
+
+        Returns
+        -------
+        torch.Tensor
+            The concatenation of every rank's ``tensor`` in rank order.
 
         Raises
         ------
@@ -404,8 +387,8 @@ class Communicator:
             axis = check_axis(gatheraxis, "gatheraxis", t.dim())
             if _is_compiling():
                 return torch.ops.mpiad.allgather(t, self._handle, axis)
-            if _needs_grad(t):
-                return F.Allgather.apply(t, self._handle, axis)
+            if needs_grad(t):
+                return G.Allgather.apply(t, self._handle, axis)
             return _coll.allgather(self._handle, t, axis)
 
     def Scatter(self, tensor: Tensor, scatteraxis: int, numelem: int, root: int) -> Tensor:
@@ -413,6 +396,22 @@ class Communicator:
 
         On non-root ranks ``tensor`` only supplies dtype and device. The ranks'
         ``numelem`` must add up to root's size along ``scatteraxis``.
+
+        Parameters
+        ----------
+        tensor : torch.Tensor
+            On root the tensor to split; elsewhere only its dtype and device count.
+        scatteraxis : int
+            The axis to split along.
+        numelem : int
+            How many slices this rank receives.
+        root : int
+            The rank whose tensor is split.
+
+        Returns
+        -------
+        torch.Tensor
+            This rank's ``numelem`` slices of root's tensor.
 
         Raises
         ------
@@ -429,16 +428,32 @@ class Communicator:
             root = check_rank(root, "root", self._size)
             if _is_compiling():
                 return torch.ops.mpiad.scatter(t, self._handle, axis, numelem, root)
-            if _needs_grad(t):
-                return F.Scatter.apply(t, self._handle, self._rank, axis, numelem, root)
+            if needs_grad(t):
+                return G.Scatter.apply(t, self._handle, self._rank, axis, numelem, root)
             return _coll.scatter(self._handle, t, axis, numelem, root, self._rank)
 
     def Alltoall(self, tensor: Tensor, gatheraxis: int, scatteraxis: int, numelem: int) -> Tensor:
-        """Scatter along ``scatteraxis`` (rank r receives ``numelem`` of r's slices) and
-        gather the received blocks along ``gatheraxis`` - one ``MPI_Alltoallv``.
+        """Exchange blocks between all ranks in one ``MPI_Alltoallv``.
 
-        With ``gatheraxis == scatteraxis`` the global concatenation along that axis
+        Scatter along ``scatteraxis`` (rank r receives ``numelem`` of r's slices) and
+        gather the received blocks along ``gatheraxis``. With ``gatheraxis == scatteraxis`` the global concatenation along that axis
         is re-partitioned so that rank r holds ``numelem`` slices.
+
+        Parameters
+        ----------
+        tensor : torch.Tensor
+            This rank's data; same dtype on every rank.
+        gatheraxis : int
+            The axis along which the received blocks are concatenated (in rank order).
+        scatteraxis : int
+            The axis along which ``tensor`` is split into the blocks sent to each rank.
+        numelem : int
+            How many slices along ``scatteraxis`` each rank sends to this one.
+
+        Returns
+        -------
+        torch.Tensor
+            The received blocks, concatenated along ``gatheraxis``.
 
         Raises
         ------
@@ -454,199 +469,45 @@ class Communicator:
             numelem = check_numelem(numelem)
             if _is_compiling():
                 return torch.ops.mpiad.alltoall(t, self._handle, gaxis, saxis, numelem)
-            if _needs_grad(t):
-                return F.Alltoall.apply(t, self._handle, gaxis, saxis, numelem)
+            if needs_grad(t):
+                return G.Alltoall.apply(t, self._handle, gaxis, saxis, numelem)
             return _coll.alltoall(self._handle, t, gaxis, saxis, numelem)
 
-    # ------------------------------------------------------ non-blocking
-    # (Not in the TorchScript class, as the point-to-point ops below: their WaitHandle
-    # carries Python autograd state.) Each I-method validates like its blocking twin,
-    # starts the operation and returns a WaitHandle; ``Wait(handle)`` returns what the
-    # blocking call returns. The engine's worker thread runs the communication while
-    # the caller computes; the backward starts the adjoint when the gradient of the
-    # result arrives (the Wait node) and completes it at the start node.
+    # ------------------------------------------- non-blocking (in _nonblocking.py)
+    # Not in the TorchScript class, as the point-to-point ops below: their WaitHandle
+    # carries Python autograd state. Each validates like its blocking twin, starts the
+    # operation and returns a WaitHandle; ``Wait(handle)`` returns what the blocking
+    # call returns.
+    Iallreduce = _nonblocking.Iallreduce
+    Ibcast_ = _nonblocking.Ibcast_
+    Ireduce_ = _nonblocking.Ireduce_
+    Igather = _nonblocking.Igather
+    Iallgather = _nonblocking.Iallgather
+    Iscatter = _nonblocking.Iscatter
+    Ialltoall = _nonblocking.Ialltoall
+    Ireduce_scatter = _nonblocking.Ireduce_scatter
 
-    @_drop
-    def Iallreduce(self, tensor: Tensor, op: int = MPI_SUM) -> WaitHandle:
-        """Start :meth:`Allreduce`; :meth:`Wait` returns the combined tensor.
-
-        Do not write ``tensor`` before the Wait (MPI may still read it).
-
-        Raises
-        ------
-        TypeError
-            Not a tensor, or ``op`` undefined for its dtype.
-        ValueError
-            Unknown ``op``.
-        """
-        t = check_tensor(tensor)
-        op = check_op(op, t)
-        if _is_compiling():
-            return _compiled_handle(t, torch.ops.mpiad.allreduce(t, self._handle, op))
-        return _nonblocking.iallreduce(self, t, op)
-
-    @_drop
-    def Ibcast_(self, tensor: Tensor, root: int) -> WaitHandle:
-        """Start :meth:`Bcast_` (in place); :meth:`Wait` returns the broadcast tensor.
-
-        ``tensor`` holds root's values only after the Wait; use the returned tensor.
-
-        Raises
-        ------
-        TypeError
-            Not a tensor / unsupported dtype.
-        ValueError
-            ``root`` out of range.
-        """
-        t = check_tensor(tensor)
-        root = check_rank(root, "root", self._size)
-        if _is_compiling():
-            return _compiled_handle(t, torch.ops.mpiad.bcast(t, self._handle, root))
-        handle = _nonblocking.ibcast(self, t, root)
-        if _needs_grad(t) and t.grad_fn is not None:
-            F.NoInplaceReuse.apply(t, "Ibcast_")
-        return handle
-
-    @_drop
-    def Ireduce_(self, tensor: Tensor, op: int, root: int) -> WaitHandle:
-        """Start :meth:`Reduce_` (in place); :meth:`Wait` returns root's result (zeros elsewhere).
-
-        Raises
-        ------
-        TypeError
-            Not a tensor, or ``op`` undefined for its dtype.
-        ValueError
-            ``root`` out of range, unknown ``op``.
-        """
-        t = check_tensor(tensor)
-        op = check_op(op, t)
-        root = check_rank(root, "root", self._size)
-        if _is_compiling():
-            return _compiled_handle(t, torch.ops.mpiad.reduce(t, self._handle, op, root))
-        handle = _nonblocking.ireduce(self, t, op, root)
-        if _needs_grad(t) and t.grad_fn is not None:
-            F.NoInplaceReuse.apply(t, "Ireduce_")
-        return handle
-
-    @_drop
-    def Igather(self, tensor: Tensor, gatheraxis: int, root: int) -> WaitHandle:
-        """Start :meth:`Gather`. The sizes along ``gatheraxis`` are exchanged first (a short
-        blocking step); the data moves in the background.
-
-        Raises
-        ------
-        TypeError, ValueError
-            As :meth:`Gather`.
-        """
-        t = check_tensor(tensor)
-        axis = check_axis(gatheraxis, "gatheraxis", t.dim())
-        root = check_rank(root, "root", self._size)
-        if _is_compiling():
-            return _compiled_handle(t, torch.ops.mpiad.gather(t, self._handle, axis, root))
-        return _nonblocking.igather(self, t, axis, root)
-
-    @_drop
-    def Iallgather(self, tensor: Tensor, gatheraxis: int) -> WaitHandle:
-        """Start :meth:`Allgather` (sizes exchanged first, data in the background).
-
-        Raises
-        ------
-        TypeError, ValueError
-            As :meth:`Allgather`.
-        """
-        t = check_tensor(tensor)
-        axis = check_axis(gatheraxis, "gatheraxis", t.dim())
-        if _is_compiling():
-            return _compiled_handle(t, torch.ops.mpiad.allgather(t, self._handle, axis))
-        return _nonblocking.iallgather(self, t, axis)
-
-    @_drop
-    def Iscatter(self, tensor: Tensor, scatteraxis: int, numelem: int, root: int) -> WaitHandle:
-        """Start :meth:`Scatter` (sizes exchanged first, data in the background).
-
-        Raises
-        ------
-        TypeError, ValueError
-            As :meth:`Scatter`.
-        """
-        t = check_tensor(tensor)
-        axis = check_int(scatteraxis, "scatteraxis")
-        numelem = check_numelem(numelem)
-        root = check_rank(root, "root", self._size)
-        if _is_compiling():
-            return _compiled_handle(t, torch.ops.mpiad.scatter(t, self._handle, axis, numelem, root))
-        return _nonblocking.iscatter(self, t, axis, numelem, root)
-
-    @_drop
-    def Ialltoall(self, tensor: Tensor, gatheraxis: int, scatteraxis: int, numelem: int) -> WaitHandle:
-        """Start :meth:`Alltoall` (sizes exchanged first, data in the background).
-
-        Raises
-        ------
-        TypeError, ValueError
-            As :meth:`Alltoall`.
-        """
-        t = check_tensor(tensor)
-        gaxis = check_axis(gatheraxis, "gatheraxis", t.dim())
-        saxis = check_axis(scatteraxis, "scatteraxis", t.dim())
-        numelem = check_numelem(numelem)
-        if _is_compiling():
-            return _compiled_handle(t, torch.ops.mpiad.alltoall(t, self._handle, gaxis, saxis, numelem))
-        return _nonblocking.ialltoall(self, t, gaxis, saxis, numelem)
-
-    @_drop
-    def Ireduce_scatter(
-        self, tensor: Tensor, op: int = MPI_SUM, scatteraxis: int = 0, numelem: int | None = None
-    ) -> WaitHandle:
-        """Start :meth:`Reduce_scatter` (shares exchanged first, data in the background).
-
-        Raises
-        ------
-        TypeError, ValueError
-            As :meth:`Reduce_scatter`.
-        """
-        t, op, axis, numelem = self._reduce_scatter_args(tensor, op, scatteraxis, numelem)
-        if _is_compiling():
-            return _compiled_handle(t, torch.ops.mpiad.reduce_scatter(t, self._handle, op, axis, numelem))
-        return _nonblocking.ireduce_scatter(self, t, op, axis, numelem)
-
-    # ------------------------------------------------------- point to point
-    @_drop
-    def Isend(self, tensor: Tensor, dest: int, tag: int) -> WaitHandle:
-        """Start sending ``tensor`` to ``dest``; complete with :meth:`Wait`.
-
-        Raises
-        ------
-        TypeError, ValueError
-            Bad tensor, ``dest`` out of range, bad tag.
-        """
-        t = check_tensor(tensor)
-        dest = check_rank(dest, "dest", self._size)
-        tag = check_tag(tag, "tag", self._tag_ub)
-        return _p2p.isend(self._handle, t, dest, tag)
-
-    @_drop
-    def Irecv(self, tensor: Tensor, source: int, tag: int) -> WaitHandle:
-        """Start receiving into a tensor shaped like ``tensor`` from ``source``; :meth:`Wait` returns it.
-
-        Raises
-        ------
-        TypeError, ValueError
-            Bad tensor, ``source`` out of range, bad tag.
-        """
-        t = check_tensor(tensor)
-        source = check_rank(source, "source", self._size)
-        tag = check_tag(tag, "tag", self._tag_ub)
-        return _p2p.irecv(self._handle, t, source, tag)
+    # ----------------------------------------------- point to point (in _p2p.py)
+    Isend = _p2p.Isend
+    Irecv = _p2p.Irecv
+    Send = _p2p.Send
+    Recv = _p2p.Recv
+    Sendrecv = _p2p.Sendrecv
 
     @_drop
     def Wait(self, waithandle: WaitHandle) -> Tensor:
         """Complete a non-blocking operation.
 
+        Parameters
+        ----------
+        waithandle : WaitHandle
+            What a non-blocking method (``Isend``, ``Irecv``, ``Iallreduce``, ...) returned.
+
         Returns
         -------
         torch.Tensor
-            For Isend the sent tensor, for Irecv the received one.
+            What the blocking operation returns: for Isend the sent tensor, for Irecv
+            the received one, for a collective its result.
 
         Raises
         ------
@@ -658,69 +519,6 @@ class Communicator:
         if _is_compiling() and isinstance(waithandle, WaitHandle) and waithandle.link is None:
             return waithandle.dummy
         return _handles.wait(waithandle)
-
-    @_drop
-    def Send(self, tensor: Tensor, dest: int, tag: int) -> Tensor:
-        """Blocking send (``Wait(Isend(...))``); returns ``tensor``.
-
-        Raises
-        ------
-        TypeError, ValueError
-            As :meth:`Isend`.
-        """
-        return self.Wait(self.Isend(tensor, dest, tag))
-
-    @_drop
-    def Recv(self, tensor: Tensor, source: int, tag: int) -> Tensor:
-        """Blocking receive (``Wait(Irecv(...))``); returns the received tensor.
-
-        Raises
-        ------
-        TypeError, ValueError
-            As :meth:`Irecv`.
-        """
-        return self.Wait(self.Irecv(tensor, source, tag))
-
-    @_drop
-    def Sendrecv(
-        self,
-        tensor: Tensor,
-        dest: int,
-        sendtag: int = 0,
-        recvtensor: Tensor | None = None,
-        source: int | None = None,
-        recvtag: int | None = None,
-    ) -> Tensor:
-        """Send ``tensor`` to ``dest`` and receive from ``source`` in one deadlock-free call.
-
-        Parameters
-        ----------
-        recvtensor : torch.Tensor, optional
-            Gives the received tensor's shape and dtype (default: like ``tensor``).
-        source : int, optional
-            Default ``dest``.
-        recvtag : int, optional
-            Default ``sendtag``.
-
-        Returns
-        -------
-        torch.Tensor
-            The received tensor; its gradient is sent back to ``source``.
-
-        Raises
-        ------
-        TypeError, ValueError
-            Bad tensors, ranks or tags.
-        """
-        t = check_tensor(tensor)
-        like = t if recvtensor is None else check_tensor(recvtensor, "recvtensor")
-        dest = check_rank(dest, "dest", self._size)
-        source = dest if source is None else check_rank(source, "source", self._size)
-        sendtag = check_tag(sendtag, "sendtag", self._tag_ub)
-        recvtag = sendtag if recvtag is None else check_tag(recvtag, "recvtag", self._tag_ub)
-        if _needs_grad(t) or _needs_grad(like):
-            return F.Sendrecv.apply(t, like, self._handle, dest, sendtag, source, recvtag)
-        return _coll.sendrecv(self._handle, t, dest, sendtag, like, source, recvtag)
 
     @_drop
     def Barrier(self) -> None:
@@ -735,12 +533,28 @@ MPI_Communicator = Communicator
 def comm_from_mpi4py(comm: Any) -> Communicator:
     """Wrap an mpi4py communicator (``MPI.COMM_WORLD``, ``Split`` results, ...).
 
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        The communicator to wrap.
+
+    Returns
+    -------
+    Communicator
+        Its differentiable twin (one per call; the mpi4py object is kept alive).
+
     Raises
     ------
     TypeError
         Not an mpi4py communicator.
     ValueError
         ``MPI.COMM_NULL``.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> import mpiad
+    >>> half = mpiad.comm_from_mpi4py(MPI.COMM_WORLD.Split(MPI.COMM_WORLD.rank % 2))
     """
     return Communicator(comm)
 

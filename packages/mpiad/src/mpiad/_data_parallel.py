@@ -177,17 +177,31 @@ class DataParallel(torch.nn.Module):
 
     @property
     def bucket_count(self) -> int:
-        """Number of gradient buckets."""
+        """The number of gradient buckets."""
         return len(self._buckets)
 
     @property
     def buckets(self) -> list[Tensor]:
-        """The buckets' buffers that gradients accumulate into (gradients, then one
-        has-a-gradient flag per parameter), in order."""
+        """The buckets' buffers that gradients accumulate into, in order.
+
+        Each holds its parameters' gradients, then one has-a-gradient flag per parameter.
+        """
         return [b.flat for b in self._buckets]
 
     # ----------------------------------------------------------- forward
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the wrapped module; its backward then all-reduces the gradients bucket by bucket.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            Passed to the wrapped module.
+
+        Returns
+        -------
+        object
+            What the wrapped module returns.
+        """
         if self._round_open:
             self._complete_abandoned_round()
         if self.broadcast_buffers and self._sync:

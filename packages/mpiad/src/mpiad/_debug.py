@@ -22,7 +22,13 @@ state = _State()
 
 
 def debug_enabled() -> bool:
-    """Whether debug mode is on (``MPIAD_DEBUG=1`` at import, or :func:`mpiad.set_debug`)."""
+    """Tell whether debug mode is on (``MPIAD_DEBUG=1`` at import, or :func:`mpiad.set_debug`).
+
+    Returns
+    -------
+    bool
+        ``True`` while every collective checks that all ranks called it alike.
+    """
     return state.on
 
 
@@ -30,5 +36,10 @@ def set_debug(flag: bool | None) -> None:
     """Switch debug mode on/off for this process (``None``: back to ``MPIAD_DEBUG``).
 
     Every rank must use the same setting (debug mode adds a collective).
+
+    Parameters
+    ----------
+    flag : bool or None
+        ``True`` / ``False``; ``None`` goes back to what ``MPIAD_DEBUG`` says.
     """
     state.on = _env_debug() if flag is None else bool(flag)

@@ -92,7 +92,15 @@ class WaitHandle:
     """Handle of a pending non-blocking operation (``Isend``, ``Irecv``, ``Iallreduce``, ...).
 
     Pass it to :meth:`Communicator.Wait`; use :attr:`dummy` to make other
-    computations depend on it (:func:`mpiad.JoinDummies`).
+    computations depend on it (:func:`mpiad.JoinDummies`). Made by the non-blocking
+    methods, not by users.
+
+    Parameters
+    ----------
+    dummy : torch.Tensor
+        The tensor standing for the operation in autograd (its start node's output).
+    link : Link or None
+        The state the operation's autograd nodes share (``None`` under torch.compile).
     """
 
     __slots__ = ("_dummy", "_link")
@@ -116,6 +124,27 @@ class WaitHandle:
             return "WaitHandle(compiled)"
         state = "done" if self._link.waited else "pending"
         return f"WaitHandle({self._link.name} {state})"
+
+
+def compiled_handle(result: Tensor) -> WaitHandle:
+    """The handle of a non-blocking op traced under ``torch.compile``.
+
+    There it is traced as its blocking custom op (the same values and gradients, from
+    the op's autograd formula; the compiled graph does not overlap it). The handle's
+    dummy is the result itself: Wait returns it, and JoinDummies on it orders as on
+    the real handle.
+
+    Parameters
+    ----------
+    result : torch.Tensor
+        The blocking op's result.
+
+    Returns
+    -------
+    WaitHandle
+        A handle without link (``Wait`` inside the compiled function returns ``result``).
+    """
+    return WaitHandle(result, None)
 
 
 class _Start(torch.autograd.Function):
@@ -192,6 +221,18 @@ def wait(handle: WaitHandle) -> Tensor:
 
 def JoinDummiesHandle(handle: WaitHandle, dummies: list[Tensor]) -> WaitHandle:
     """:func:`JoinDummies` for a :class:`WaitHandle` as first argument.
+
+    Parameters
+    ----------
+    handle : WaitHandle
+        The handle whose completion should depend on ``dummies``.
+    dummies : list of torch.Tensor
+        Tensors (or other handles' ``dummy``) to depend on.
+
+    Returns
+    -------
+    WaitHandle
+        A handle of the same operation whose dummy also depends on ``dummies``.
 
     Raises
     ------

@@ -22,10 +22,30 @@ def JoinDummies(loopthrough: Tensor, dummies: list[Tensor]) -> Tensor:
     The dummies receive zero gradients (after ``loopthrough``'s gradient is known),
     which orders communication in the backward pass. Scriptable (TorchScript).
 
+    Parameters
+    ----------
+    loopthrough : torch.Tensor
+        The tensor to return.
+    dummies : list of torch.Tensor
+        The tensors it should depend on (``handle.dummy`` for a :class:`WaitHandle`).
+
+    Returns
+    -------
+    torch.Tensor
+        ``loopthrough`` (the same values; under autograd a new node depending on ``dummies``).
+
     Raises
     ------
     TypeError
         ``loopthrough`` or an entry of ``dummies`` is not a tensor.
+
+    Examples
+    --------
+    >>> import torch, mpiad
+    >>> comm = mpiad.COMM_WORLD
+    >>> x = torch.ones(3, requires_grad=True)
+    >>> h = comm.Isend(x, (comm.rank + 1) % comm.size, 0)
+    >>> y = mpiad.JoinDummies(2 * x, [h.dummy])  # y's backward also runs the Isend's
     """
     if _is_scripting():
         return torch.ops.mpiad.join_dummies(loopthrough, dummies)

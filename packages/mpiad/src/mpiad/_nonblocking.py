@@ -20,26 +20,35 @@ from typing import Any, Protocol
 import torch
 
 from . import _collectives as _coll
-from . import _grad
+from ._checks import check_axis, check_int, check_numelem, check_op, check_rank, check_reduce_scatter, check_tensor
 from ._constants import MPI_SUM
-from ._functions import EagerBackend
-from ._handles import Link, WaitHandle, make_handle, saved_tensor
+from ._functions import NoInplaceReuse, needs_grad
+from ._gathers import reduce_scatter_adjoint_scale
+from ._handles import Link, WaitHandle, compiled_handle, make_handle, saved_tensor
 from ._join import JoinDummies
+from ._reductions import (
+    EagerBackend,
+    adjoint_op,
+    allreduce_backward_finish,
+    needs_saved,
+    reduce_backward_finish,
+)
+from ._registry import Registered
 
 Tensor = torch.Tensor
 
+_is_compiling = torch.compiler.is_compiling
+#: marks a method TorchScript leaves out of the compiled class
+_drop = torch.jit._drop
 
-class Communicator(Protocol):
-    """What the adjoints need of the communicator (:class:`mpiad.Communicator` is one): its
-    handle, rank and size, and its differentiable non-blocking methods (so that a backward under
-    ``create_graph=True`` is differentiable again)."""
 
-    @property
-    def handle(self) -> int: ...
-    @property
-    def rank(self) -> int: ...
-    @property
-    def size(self) -> int: ...
+class Communicator(Registered, Protocol):
+    """What the adjoints need of the communicator (:class:`mpiad.Communicator` is one).
+
+    Its handle, rank and size, and its differentiable non-blocking methods (so that a
+    backward under ``create_graph=True`` is differentiable again).
+    """
+
     def Iallreduce(self, tensor: Tensor, op: int = ...) -> WaitHandle: ...
     def Ibcast_(self, tensor: Tensor, root: int) -> WaitHandle: ...
     def Ireduce_(self, tensor: Tensor, op: int, root: int) -> WaitHandle: ...
@@ -70,20 +79,20 @@ def _zeros(g: Tensor | None, shape: Any, like: Tensor) -> Tensor:
 def iallreduce(c: Communicator, t: Tensor, op: int) -> WaitHandle:
     x = t.detach()
     pending = _coll.allreduce(c.handle, x, op, nb=True)
-    keep = _grad.needs_saved(op)
+    keep = needs_saved(op)
     # the input itself (not detached), as the blocking op's saved tensor: under
     # create_graph the PROD formula differentiates through it; SUM/AVG keep nothing
     saved = saved_tensor(t, "the input of Iallreduce") if keep else None
     handle: WaitHandle
 
     def start(g: Tensor | None) -> Any:
-        return c.Iallreduce(_zeros(g, x.shape, x), _grad.adjoint_op(op))
+        return c.Iallreduce(_zeros(g, x.shape, x), adjoint_op(op))
 
     def finish(h: WaitHandle) -> Tensor:
         gs = c.Wait(h)
         y = _unpack(_link(handle).saved)
         be = EagerBackend(c.handle, c.rank, c.size)
-        return _grad.allreduce_backward_finish(be, gs, _unpack(saved), y, op, c.rank, c.size)
+        return allreduce_backward_finish(be, gs, _unpack(saved), y, op, c.rank, c.size)
 
     handle = make_handle(t, "Iallreduce", pending, start, finish, keep_result=keep)
     return handle
@@ -91,7 +100,7 @@ def iallreduce(c: Communicator, t: Tensor, op: int) -> WaitHandle:
 
 def _inplace_target(t: Tensor) -> Tensor:
     """What an in-place op writes into: ``t`` itself unless autograd records the op."""
-    return t.detach() if (t.requires_grad and torch.is_grad_enabled()) else t
+    return t.detach() if needs_grad(t) else t
 
 
 def ibcast(c: Communicator, t: Tensor, root: int) -> WaitHandle:
@@ -108,7 +117,7 @@ def ibcast(c: Communicator, t: Tensor, root: int) -> WaitHandle:
 
 
 def ireduce(c: Communicator, t: Tensor, op: int, root: int) -> WaitHandle:
-    keep = _grad.needs_saved(op)
+    keep = needs_saved(op)
     xin = t.detach().clone() if keep else None
     buf = _inplace_target(t)
     pending = _coll.reduce_into(c.handle, buf, op, root, c.rank, nb=True)
@@ -121,7 +130,7 @@ def ireduce(c: Communicator, t: Tensor, op: int, root: int) -> WaitHandle:
         gr = c.Wait(h)
         y = _unpack(_link(handle).saved)
         be = EagerBackend(c.handle, c.rank, c.size)
-        return _grad.reduce_backward_finish(be, gr, xin, y, op, root, c.rank, c.size)
+        return reduce_backward_finish(be, gr, xin, y, op, root, c.rank, c.size)
 
     handle = make_handle(t, "Ireduce_", pending, start, finish, keep_result=keep)
     return handle
@@ -198,8 +207,265 @@ def ireduce_scatter(c: Communicator, t: Tensor, op: int, axis: int, numelem: int
 
     def finish(h: WaitHandle) -> Tensor:
         gx = c.Wait(h)
-        scale = _grad.reduce_scatter_adjoint_scale(op, c.size)
+        scale = reduce_scatter_adjoint_scale(op, c.size)
         return gx if scale == 1.0 else gx * scale
 
     handle = make_handle(t, "Ireduce_scatter", pending, start, finish)
     return handle
+
+
+# ------------------------------------------------------------------------------------------
+# The communicator's methods (attached to ``Communicator`` in ``_comm``): each validates like
+# its blocking twin (raising before any communication), traces as the blocking custom op
+# under torch.compile, and otherwise starts the operation above.
+
+
+@_drop
+def Iallreduce(self: Communicator, tensor: Tensor, op: int = MPI_SUM) -> WaitHandle:
+    """Start :meth:`Allreduce`; :meth:`Wait` returns the combined tensor.
+
+    Do not write ``tensor`` before the Wait (MPI may still read it).
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        As for :meth:`Allreduce`.
+    op : int, optional
+        As for :meth:`Allreduce` (default ``MPI_SUM``).
+
+    Returns
+    -------
+    WaitHandle
+        Pass it to ``Wait``, which returns the combined tensor.
+
+    Raises
+    ------
+    TypeError
+        Not a tensor, or ``op`` undefined for its dtype.
+    ValueError
+        Unknown ``op``.
+    """
+    t = check_tensor(tensor)
+    op = check_op(op, t)
+    if _is_compiling():
+        return compiled_handle(torch.ops.mpiad.allreduce(t, self.handle, op))
+    return iallreduce(self, t, op)
+
+
+@_drop
+def Ibcast_(self: Communicator, tensor: Tensor, root: int) -> WaitHandle:
+    """Start :meth:`Bcast_` (in place); :meth:`Wait` returns the broadcast tensor.
+
+    ``tensor`` holds root's values only after the Wait; use the returned tensor.
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        As for :meth:`Bcast_`.
+    root : int
+        As for :meth:`Bcast_`.
+
+    Returns
+    -------
+    WaitHandle
+        Pass it to ``Wait``, which returns the broadcast values.
+
+    Raises
+    ------
+    TypeError
+        Not a tensor / unsupported dtype.
+    ValueError
+        ``root`` out of range.
+    """
+    t = check_tensor(tensor)
+    root = check_rank(root, "root", self.size)
+    if _is_compiling():
+        return compiled_handle(torch.ops.mpiad.bcast(t, self.handle, root))
+    handle = ibcast(self, t, root)
+    if needs_grad(t) and t.grad_fn is not None:
+        NoInplaceReuse.apply(t, "Ibcast_")
+    return handle
+
+
+@_drop
+def Ireduce_(self: Communicator, tensor: Tensor, op: int, root: int) -> WaitHandle:
+    """Start :meth:`Reduce_` (in place); :meth:`Wait` returns root's result (zeros elsewhere).
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        As for :meth:`Reduce_`.
+    op, root : int
+        As for :meth:`Reduce_`.
+
+    Returns
+    -------
+    WaitHandle
+        Pass it to ``Wait``, which returns root's result (zeros elsewhere).
+
+    Raises
+    ------
+    TypeError
+        Not a tensor, or ``op`` undefined for its dtype.
+    ValueError
+        ``root`` out of range, unknown ``op``.
+    """
+    t = check_tensor(tensor)
+    op = check_op(op, t)
+    root = check_rank(root, "root", self.size)
+    if _is_compiling():
+        return compiled_handle(torch.ops.mpiad.reduce(t, self.handle, op, root))
+    handle = ireduce(self, t, op, root)
+    if needs_grad(t) and t.grad_fn is not None:
+        NoInplaceReuse.apply(t, "Ireduce_")
+    return handle
+
+
+@_drop
+def Igather(self: Communicator, tensor: Tensor, gatheraxis: int, root: int) -> WaitHandle:
+    """Start :meth:`Gather`; the data moves in the background.
+
+    The sizes along ``gatheraxis`` are exchanged first (a short blocking step).
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        As for :meth:`Gather`.
+    gatheraxis, root : int
+        As for :meth:`Gather`.
+
+    Returns
+    -------
+    WaitHandle
+        Pass it to ``Wait``, which returns what ``Gather`` returns.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :meth:`Gather`.
+    """
+    t = check_tensor(tensor)
+    axis = check_axis(gatheraxis, "gatheraxis", t.dim())
+    root = check_rank(root, "root", self.size)
+    if _is_compiling():
+        return compiled_handle(torch.ops.mpiad.gather(t, self.handle, axis, root))
+    return igather(self, t, axis, root)
+
+
+@_drop
+def Iallgather(self: Communicator, tensor: Tensor, gatheraxis: int) -> WaitHandle:
+    """Start :meth:`Allgather` (sizes exchanged first, data in the background).
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        As for :meth:`Allgather`.
+    gatheraxis : int
+        As for :meth:`Allgather`.
+
+    Returns
+    -------
+    WaitHandle
+        Pass it to ``Wait``, which returns what ``Allgather`` returns.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :meth:`Allgather`.
+    """
+    t = check_tensor(tensor)
+    axis = check_axis(gatheraxis, "gatheraxis", t.dim())
+    if _is_compiling():
+        return compiled_handle(torch.ops.mpiad.allgather(t, self.handle, axis))
+    return iallgather(self, t, axis)
+
+
+@_drop
+def Iscatter(self: Communicator, tensor: Tensor, scatteraxis: int, numelem: int, root: int) -> WaitHandle:
+    """Start :meth:`Scatter` (sizes exchanged first, data in the background).
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        As for :meth:`Scatter`.
+    scatteraxis, numelem, root : int
+        As for :meth:`Scatter`.
+
+    Returns
+    -------
+    WaitHandle
+        Pass it to ``Wait``, which returns what ``Scatter`` returns.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :meth:`Scatter`.
+    """
+    t = check_tensor(tensor)
+    axis = check_int(scatteraxis, "scatteraxis")
+    numelem = check_numelem(numelem)
+    root = check_rank(root, "root", self.size)
+    if _is_compiling():
+        return compiled_handle(torch.ops.mpiad.scatter(t, self.handle, axis, numelem, root))
+    return iscatter(self, t, axis, numelem, root)
+
+
+@_drop
+def Ialltoall(self: Communicator, tensor: Tensor, gatheraxis: int, scatteraxis: int, numelem: int) -> WaitHandle:
+    """Start :meth:`Alltoall` (sizes exchanged first, data in the background).
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        As for :meth:`Alltoall`.
+    gatheraxis, scatteraxis, numelem : int
+        As for :meth:`Alltoall`.
+
+    Returns
+    -------
+    WaitHandle
+        Pass it to ``Wait``, which returns what ``Alltoall`` returns.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :meth:`Alltoall`.
+    """
+    t = check_tensor(tensor)
+    gaxis = check_axis(gatheraxis, "gatheraxis", t.dim())
+    saxis = check_axis(scatteraxis, "scatteraxis", t.dim())
+    numelem = check_numelem(numelem)
+    if _is_compiling():
+        return compiled_handle(torch.ops.mpiad.alltoall(t, self.handle, gaxis, saxis, numelem))
+    return ialltoall(self, t, gaxis, saxis, numelem)
+
+
+@_drop
+def Ireduce_scatter(
+    self: Communicator, tensor: Tensor, op: int = MPI_SUM, scatteraxis: int = 0, numelem: int | None = None
+) -> WaitHandle:
+    """Start :meth:`Reduce_scatter` (shares exchanged first, data in the background).
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        As for :meth:`Reduce_scatter`.
+    op, scatteraxis : int, optional
+        As for :meth:`Reduce_scatter`.
+    numelem : int, optional
+        As for :meth:`Reduce_scatter`.
+
+    Returns
+    -------
+    WaitHandle
+        Pass it to ``Wait``, which returns what ``Reduce_scatter`` returns.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :meth:`Reduce_scatter`.
+    """
+    t, op, axis, numelem = check_reduce_scatter(tensor, op, scatteraxis, numelem, self.size)
+    if _is_compiling():
+        return compiled_handle(torch.ops.mpiad.reduce_scatter(t, self.handle, op, axis, numelem))
+    return ireduce_scatter(self, t, op, axis, numelem)

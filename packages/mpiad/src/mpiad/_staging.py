@@ -31,14 +31,21 @@ _state = _State()
 
 
 def cuda_aware() -> bool:
-    """Whether device pointers are handed to MPI directly (CUDA-aware MPI)."""
+    """Tell whether device pointers are handed to MPI directly (CUDA-aware MPI).
+
+    Returns
+    -------
+    bool
+        ``True`` when this MPI is CUDA-aware and ``MPIAD_CUDA_AWARE`` is not ``0`` (and
+        :func:`deactivate_cuda_aware_mpi_support` was not called).
+    """
     if _state.aware is None:
         _state.aware = bool(_mpiad.cuda_aware()) and os.environ.get("MPIAD_CUDA_AWARE", "1") != "0"
     return _state.aware
 
 
 def deactivate_cuda_aware_mpi_support() -> None:
-    """Always stage CUDA tensors through host memory (as mpi4torch's function of this name)."""
+    """Stage CUDA tensors through host memory from now on (as mpi4torch's function of this name)."""
     _state.aware = False
 
 

@@ -130,7 +130,7 @@ class _Window:
     along ``axis`` (full along the other dims)."""
 
     def __init__(self, t: torch.Tensor, axis: int, start: int, length: int) -> None:
-        from distx_fake import _deferred
+        from distx_fake import _graph
 
         self.t = t
         self.name = f"tensor of shape {tuple(t.shape)}"
@@ -138,7 +138,7 @@ class _Window:
             raise ShardMaterializeError(
                 f"{self.name}: a deferred parameter that is a view cannot be materialized by shard"
             )
-        self.key = _deferred._storage_key(t)
+        self.key = _graph._storage_key(t)
         self.graph = t.__dict__["_distx_graph"]
         self.shape = tuple(t.shape)
         self.bstr = _strides(self.shape)
@@ -158,13 +158,13 @@ class _Window:
         )
 
     def run(self) -> torch.Tensor:
-        from distx_fake import _deferred
+        from distx_fake import _graph
 
         for node in self.graph.closure(self.t):
             func = node.func
             outs = [o for o in _leaves(node.outs) if isinstance(o, torch.Tensor)]
             for o in outs:
-                if _deferred._storage_key(o) != self.key:
+                if _graph._storage_key(o) != self.key:
                     raise self._unsupported(f"{func} builds it from another deferred tensor")
             for o in outs:
                 if o.dtype != self.t.dtype:  # e.g. module.double() inside deferred_init
@@ -191,9 +191,9 @@ class _Window:
     def _region(self, v: torch.Tensor) -> tuple[torch.Tensor, list[tuple[int, int]]] | None:
         """``(view of self.out, per-dim index ranges of v)`` of ``v``'s elements in the window,
         or None when none is."""
-        from distx_fake import _deferred
+        from distx_fake import _graph
 
-        if not isinstance(v, torch.Tensor) or _deferred._storage_key(v) != self.key:
+        if not isinstance(v, torch.Tensor) or _graph._storage_key(v) != self.key:
             raise self._unsupported("an op writes it through a tensor that is not one of its views")
         rem = v.storage_offset()
         c = []
@@ -244,7 +244,7 @@ class _Window:
 
     def _real(self, x: Any, view: torch.Tensor, ranges: list[tuple[int, int]]) -> Any:
         """A recorded argument, restricted to the window (real tensors are indexed like the view)."""
-        from distx_fake._deferred import _Captured
+        from distx_fake._graph import _Captured
 
         if isinstance(x, _Captured):
             x = x.check()

@@ -50,6 +50,11 @@ class AsyncSave(concurrent.futures.Future[None]):
     def wait_staged(self, timeout: float | None = None) -> None:
         """Block until the snapshot is taken (re-raising a staging error).
 
+        Parameters
+        ----------
+        timeout : float or None, optional
+            Seconds to wait at most (default: no limit).
+
         Raises
         ------
         TimeoutError

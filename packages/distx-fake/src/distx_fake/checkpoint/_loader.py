@@ -44,8 +44,12 @@ def load_state_dict(
         The destination, with the structure of the saved state dict.
     storage_reader : FileSystemReader
         The checkpoint to read.
-    process_group, coordinator_rank, no_dist
+    process_group : object, optional
         Accepted for torchdistX compatibility; loading needs no communication.
+    coordinator_rank : int, optional
+        Accepted for torchdistX compatibility (default 0).
+    no_dist : bool, optional
+        Accepted for torchdistX compatibility (default False).
 
     Raises
     ------
@@ -57,6 +61,13 @@ def load_state_dict(
         If a tensor's global shape or dtype differs from the checkpoint.
     CheckpointCorruptionError
         If a checksum does not match (naming the tensor) or the metadata is invalid.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from distx_fake import checkpoint
+    >>> sd = {"model": torch.nn.Linear(4, 2).state_dict(), "step": 0}
+    >>> checkpoint.load_state_dict(sd, checkpoint.FileSystemReader("ck"))  # written by save_state_dict
     """
     if not isinstance(storage_reader, FileSystemReader):
         raise TypeError(f"storage_reader must be a FileSystemReader, got {type(storage_reader).__name__}")

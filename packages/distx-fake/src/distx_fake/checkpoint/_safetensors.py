@@ -308,7 +308,7 @@ def export_safetensors(
         Export only the tensors whose dotted name starts with it, without it (e.g. ``"model."``
         for a checkpoint of ``{"model": model.state_dict(), "optim": ...}``).
     sync : bool, optional
-        fsync every file and the folder (default True; ``save_pretrained`` does not).
+        Whether to fsync every file and the folder (default True; ``save_pretrained`` does not).
     progress_bar : bool or None, optional
         Show a progress bar (default: when stderr is a terminal).
 

@@ -94,6 +94,18 @@ def save_state_dict(
         (named in the message).
     OSError
         If writing fails (on any rank; the previous checkpoint is kept).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from distx_fake import checkpoint
+    >>> m = torch.nn.Linear(4, 2)
+    >>> writer = checkpoint.FileSystemWriter("ck")
+    >>> checkpoint.save_state_dict({"model": m.state_dict(), "step": 10}, writer, no_dist=True)
+    >>> sd = {"model": torch.nn.Linear(4, 2).state_dict(), "step": 0}
+    >>> checkpoint.load_state_dict(sd, checkpoint.FileSystemReader("ck"))
+    >>> sd["step"]
+    10
     """
     if not isinstance(storage_writer, FileSystemWriter):
         raise TypeError(f"storage_writer must be a FileSystemWriter, got {type(storage_writer).__name__}")

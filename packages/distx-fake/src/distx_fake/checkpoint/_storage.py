@@ -25,7 +25,7 @@ class FileSystemWriter(DcpWriterMixin, StorageWriter):
     piece_bytes : int, optional
         Granularity of checksums and of parallel I/O (default 32 MiB).
     sync : bool, optional
-        fsync files and directories (default True; turning it off forfeits durability).
+        Whether to fsync files and directories (default True; turning it off forfeits durability).
     progress : bool or None, optional
         Show a progress bar on rank 0; ``None`` (default) = only when stderr is a terminal.
     direct : bool, optional
