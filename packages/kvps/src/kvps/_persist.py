@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -280,3 +281,61 @@ def _read_distx(ckpt: Any, shard: LocalShard, path: Any, mine: np.ndarray) -> np
         raise ValueError("checkpoint value lengths differ from the server's value_lengths")
     flat_e = state["values"].view(torch.uint8).numpy().view(_elements(shard))
     return np.ascontiguousarray(flat_e[_flat_index(slots, mine)])
+
+
+#: checkpoint format name -> (save, load)
+_FORMATS = {"kvps": (save, load), "distx": (save_distx, load_distx)}
+
+
+def _format(format: Any) -> tuple[Callable[[LocalShard, Any], None], Callable[[LocalShard, Any], None]]:
+    if not isinstance(format, str) or format not in _FORMATS:
+        raise ValueError(f"format must be 'kvps' or 'distx', got {format!r}")
+    return _FORMATS[format]
+
+
+def save_checkpoint(shard: LocalShard, path: Any, format: str) -> None:
+    """Write ``shard``'s server state to ``path`` in ``format`` (collective; :meth:`kvps.Server.save`).
+
+    Parameters
+    ----------
+    shard : LocalShard
+        This rank's shard.
+    path : str or os.PathLike
+        The checkpoint directory.
+    format : {"kvps", "distx"}
+        The checkpoint format.
+
+    Raises
+    ------
+    ValueError
+        Unknown ``format``.
+    ImportError
+        ``format="distx"`` without distx-fake installed.
+    OSError
+        The directory cannot be written.
+    """
+    _format(format)[0](shard, path)
+
+
+def load_checkpoint(shard: LocalShard, path: Any, format: str) -> None:
+    """Replace ``shard``'s server state by the checkpoint in ``path`` (collective; :meth:`kvps.Server.load`).
+
+    Parameters
+    ----------
+    shard : LocalShard
+        This rank's shard.
+    path : str or os.PathLike
+        The checkpoint directory.
+    format : {"kvps", "distx"}
+        The format it was saved in.
+
+    Raises
+    ------
+    ValueError
+        Unknown ``format``, or a checkpoint that does not match the server.
+    ImportError
+        ``format="distx"`` without distx-fake installed.
+    OSError
+        The checkpoint cannot be read.
+    """
+    _format(format)[1](shard, path)
