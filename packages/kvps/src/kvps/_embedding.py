@@ -138,7 +138,7 @@ class PSEmbedding(nn.Module):
         Parameters
         ----------
         ids : torch.Tensor
-            1-D int64 ids in ``[0, num_embeddings)``.
+            The table's ids to pull (1-D, int64, each in ``[0, num_embeddings)``).
 
         Returns
         -------

@@ -294,48 +294,10 @@ def _format(format: Any) -> tuple[Callable[[LocalShard, Any], None], Callable[[L
 
 
 def save_checkpoint(shard: LocalShard, path: Any, format: str) -> None:
-    """Write ``shard``'s server state to ``path`` in ``format`` (collective; :meth:`kvps.Server.save`).
-
-    Parameters
-    ----------
-    shard : LocalShard
-        This rank's shard.
-    path : str or os.PathLike
-        The checkpoint directory.
-    format : {"kvps", "distx"}
-        The checkpoint format.
-
-    Raises
-    ------
-    ValueError
-        Unknown ``format``.
-    ImportError
-        ``format="distx"`` without distx-fake installed.
-    OSError
-        The directory cannot be written.
-    """
+    """Write ``shard``'s server state to ``path`` in ``format`` ("kvps" or "distx"); :meth:`kvps.Server.save`."""
     _format(format)[0](shard, path)
 
 
 def load_checkpoint(shard: LocalShard, path: Any, format: str) -> None:
-    """Replace ``shard``'s server state by the checkpoint in ``path`` (collective; :meth:`kvps.Server.load`).
-
-    Parameters
-    ----------
-    shard : LocalShard
-        This rank's shard.
-    path : str or os.PathLike
-        The checkpoint directory.
-    format : {"kvps", "distx"}
-        The format it was saved in.
-
-    Raises
-    ------
-    ValueError
-        Unknown ``format``, or a checkpoint that does not match the server.
-    ImportError
-        ``format="distx"`` without distx-fake installed.
-    OSError
-        The checkpoint cannot be read.
-    """
+    """Replace ``shard``'s server state by the ``format`` checkpoint in ``path``; :meth:`kvps.Server.load`."""
     _format(format)[1](shard, path)

@@ -98,12 +98,12 @@ class Worker:
 
     @property
     def num_keys(self) -> int:
-        """Number of keys (the server's).
+        """Number of keys of the worker's server.
 
         Returns
         -------
         int
-            Keys are ``0 .. num_keys - 1``.
+            ``server.num_keys``.
         """
         return self.server.num_keys
 
@@ -238,11 +238,11 @@ class Worker:
         Parameters
         ----------
         keys : 1-D int64 numpy array or CPU tensor
-            Keys (duplicates allowed).
+            The keys to write, as :meth:`pull` takes them.
         vals : 1-D contiguous numpy array or CPU tensor of the server dtype
-            The new values, concatenated in key order; its length must be the sum of the keys' value lengths.
+            The new values, laid out as :meth:`pull` fills them.
         asynchronous : bool
-            Return at once instead of waiting (AdaPM's ``async``: see :meth:`pull`).
+            Return without waiting for the write.
 
         Returns
         -------
