@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "distkit/adagrad.hpp"
 #include "distkit/dtype.hpp"
 #include "distkit/fsio.hpp"
 #include "distkit/half.hpp"
@@ -242,6 +243,33 @@ PYBIND11_MODULE(_distkit_common, m) {
       },
       py::arg("rows_per_chunk"), py::arg("nchunks"), py::arg("row0"), py::arg("row_stride_bytes"), py::arg("r"),
       "Test hook: (chunk, byte offset) of row r as the GPU row functions compute it (no memory touched).");
+  m.def(
+      "adagrad_rows",
+      [](uintptr_t w, uintptr_t acc, uintptr_t g, int64_t n, int dtype, double lr, double eps, bool fused) {
+        check(n >= 0, "n must be >= 0, got ", n);
+        nogil release;
+        dispatch_floating(dtype_from_code(dtype), [&](auto tag) {
+          using T = decltype(tag);
+          using A = acc_t<T>;
+          T* wt = ptr<T>(w);
+          A* at = ptr<A>(acc);
+          const A* gt = ptr<const A>(g);
+          const A neg_lr = static_cast<A>(-lr), e = static_cast<A>(eps);
+          for (int64_t i = 0; i < n; ++i) {  // as wholemem: the weight as A, updated, stored back as T
+            A wi = static_cast<A>(wt[i]);
+            if (fused) {
+              adagrad_update<true>(wi, at[i], gt[i], neg_lr, e);
+            } else {
+              adagrad_update<false>(wi, at[i], gt[i], neg_lr, e);
+            }
+            wt[i] = T(wi);
+          }
+        });
+      },
+      py::arg("w"), py::arg("acc"), py::arg("g"), py::arg("n"), py::arg("dtype"), py::arg("lr"), py::arg("eps"),
+      py::arg("fused"),
+      "Test hook: distkit/adagrad.hpp's adagrad_update over n elements in place: weights w of dtype (16-bit "
+      "ones updated in float32), accumulators acc and gradients g in the accumulation type (float32 or float64).");
   m.def("word_bytes_for", &word_bytes_for, py::arg("bits"),
         "The widest word (16/8/4/2/1 bytes) dividing bits (the OR of lengths, strides and addresses).");
 

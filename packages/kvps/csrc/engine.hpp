@@ -10,9 +10,15 @@
 //   replicas.hpp   replica install, refresh and the list of replicas
 //   requests.hpp   operations in flight and the failure state
 //   profile.hpp    KVPS_PROFILE=1
-// and the progress thread's handlers in protocol.hpp (messages, relocation)
-// and intent.hpp (intent windows, the home's decisions, the cost model).
-// README "How it works" describes the protocol.
+//   commands.hpp   what workers hand the progress thread, intent windows
+//   reuse.hpp      whether moving a key here pays (the cost model's memory)
+// This header declares the Engine; its members are defined by concern in
+//   worker_ops.hpp  the worker API (pull/push/set, localize, intent, clocks, barriers)
+//   progress.hpp    the progress thread's loop and the workers' commands
+//   protocol.hpp    message handlers: routing and serving key operations
+//   relocation.hpp  keys moving between ranks: handover, localize, relocate, replicas
+//   intent.hpp      intent windows, the home's decisions, the cost model
+// (module.cpp includes them all). README "How it works" describes the protocol.
 #pragma once
 
 #include <mpi.h>
@@ -35,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include "commands.hpp"
 #include "directory.hpp"
 #include "distkit/dtype.hpp"
 #include "distkit/error.hpp"
@@ -46,159 +53,13 @@
 #include "node_shm.hpp"
 #include "profile.hpp"
 #include "replicas.hpp"
+#include "reuse.hpp"
 #include "requests.hpp"
 #include "rules.hpp"
 #include "shard.hpp"
 #include "wire.hpp"
 
 namespace kvps {
-
-/// use_techniques (exported to Python as TECHNIQUES).
-enum Technique : int { T_ALL = 0, T_REPL_ONLY = 1, T_RELOC_ONLY = 2, T_NONE = 3 };
-
-/// Work a worker hands to the progress thread.
-enum CmdType : int32_t {
-  C_ROUTE = 100,  // send a pull/push/set (`op`) of keys held elsewhere to their owners
-  C_LOCALIZE,     // relocate keys here now
-  C_INTENT,       // an intent window [a, b) of a worker
-  C_CLOCK,        // a worker advanced its clock to a: activate intents, maybe refresh replicas
-  C_SYNC,         // wait_sync: a sync round; done when every internal operation finished
-  C_RESET,        // every key back to its home (load)
-  C_DUMP,         // print what the engine waits for (a stalled wait)
-  C_BYE,          // tell every peer this rank leaves without shutdown()
-};
-
-struct Cmd {
-  int32_t type = 0;
-  int32_t op = 0;  // C_ROUTE: M_PULL / M_PUSH / M_SET
-  int64_t ts = -1;
-  int worker = 0;
-  int64_t a = 0, b = 0;
-  std::vector<int64_t> keys, pos;
-  std::vector<char> vals;
-};
-
-/// An operation on a key that is on its way here, replayed when it arrives.
-struct PendingOp {
-  int32_t type;
-  int32_t origin;
-  int64_t ts;
-  int64_t pos;
-  std::vector<char> val;
-};
-
-/// A PendingOp type that is no message: the key comes back here after the
-/// transfer queued before it (protocol.hpp, queue_return).
-constexpr int32_t kReturnMarker = -1;
-
-struct IntentEntry {
-  int64_t start, end;
-  std::vector<int64_t> keys;
-};
-
-/// A share of events that were hits, decaying over the last few thousand
-/// events and starting at 1 (as if every event so far had been a hit).
-class DecayingShare {
- public:
-  void event() {
-    events_ = events_ * kDecay + 1;
-    hits_ *= kDecay;
-  }
-  void hit() { hits_ += 1; }
-  bool at_least_half() const { return at_least(0.5); }
-  bool at_least(double share) const { return hits_ >= share * events_; }
-
- private:
-  static constexpr double kDecay = 1.0 - 1.0 / 2048;
-  double events_ = 512, hits_ = 512;
-};
-
-/// The judgment whether moving a key here pays (see intent.hpp).
-class ReuseModel {
- public:
-  /// A move for a one-clock window is judged by whether a later intent of
-  /// this rank finds the key still here within `horizon` clocks.
-  explicit ReuseModel(int64_t lookahead) : horizon_(std::max<int64_t>(4 * std::max<int64_t>(lookahead, 1), kMinHorizon)) {}
-  struct Seen {
-    bool recurs;  // its last window here ended at most `horizon` clocks before this one starts
-    bool steady;  // its window starts no later than its last window here ended (consecutive clocks)
-  };
-  /// Records an intent of key record `m` for clocks [start, end).
-  Seen note(Meta& m, int64_t start, int64_t end);
-  /// Whether to ask the home to move key record `m` here for a window of
-  /// `window` clocks: a longer window announces several uses, and so does a
-  /// key that recurs here and no other rank took from here before; else
-  /// whether enough such moves of keys of its kind got a second use here
-  /// (set_link_weight: half where engine work binds, none where bytes do).
-  bool worth_moving(int64_t window, const Meta& m, bool recurs) const {
-    return window >= 2 || (recurs && !m.taken) || share(m).at_least(needed_);
-  }
-  /// Where the engine's CPU binds (w = 0), a move (window, tell and move:
-  /// 4.5 remote accesses of engine work) pays only when the key is used again
-  /// here: half of such moves must get a second use. Where the link binds
-  /// (w = 1), a move sends the slot once against a row twice for a pull and a
-  /// push, and pays with its first use. In between, the share needed scales
-  /// with what a move costs beyond its first use's saving (row / slot: the
-  /// keys' mean bytes).
-  void set_link_weight(double w, double row, double slot) {
-    auto move = [&](double x) {
-      return IntentCosts::units(IntentCosts::kWindow, x, row, slot) + IntentCosts::units(IntentCosts::kTell, x, row, slot) +
-             IntentCosts::units(IntentCosts::kMove, x, row, slot);
-    };
-    const double first_use = 2 * IntentCosts::units(IntentCosts::kAccess, 0, row, slot);  // a pull and a push
-    needed_ = 0.5 * std::clamp((move(w) - first_use) / (move(0) - first_use), 0.0, 1.0);
-  }
-  /// This rank told the home to move key k here for a one-clock window at `clock`.
-  void told(int64_t k, Meta& m, int64_t clock);
-  /// An intent of this rank for key record `m` while the key is here (or on
-  /// its way here): a move it asked for got a second use.
-  void used_again(Meta& m) {
-    if (!(m.flags & F_MOVED)) return;
-    m.flags &= static_cast<uint8_t>(~F_MOVED);
-    share(m).event();
-    share(m).hit();
-  }
-  /// Key record `m` leaves this rank for another rank (or a later intent found
-  /// it not here): a move not used again was one use.
-  void missed(Meta& m) {
-    if (!(m.flags & F_MOVED)) return;
-    m.flags &= static_cast<uint8_t>(~F_MOVED);
-    share(m).event();
-  }
-  /// Moves whose second use did not come within the horizon were one use.
-  void expire(int64_t clock, Meta* meta);
-  /// An intent of a key this rank holds a replica of, or was told to access
-  /// without one (intent.hpp): `steady` when it is used in consecutive clocks.
-  void note_replica_use(bool steady) {
-    replica_uses_.event();
-    if (steady) replica_uses_.hit();
-  }
-  /// Whether replicas of keys not used in consecutive clocks pay here: while at
-  /// least half of the uses of such keys were steady (at first: as AdaPM does).
-  bool replicas_pay() const { return replica_uses_.at_least_half(); }
-
- private:
-  // keys never taken away from here, and keys another rank took away before
-  // (shared keys that move back and forth): their moves pay differently
-  DecayingShare& share(const Meta& m) { return m.taken ? contested_ : fresh_; }
-  const DecayingShare& share(const Meta& m) const { return m.taken ? contested_ : fresh_; }
-  static constexpr int64_t kMinHorizon = 16;
-  int64_t horizon_;
-  double needed_ = 0.5;              // share of one-clock moves that must get a second use
-  DecayingShare fresh_, contested_;  // one-clock moves (hit: a second use here)
-  DecayingShare replica_uses_;       // uses of replicated keys (hit: steady)
-  std::deque<std::pair<int64_t, int64_t>> awaiting_;  // (deadline clock, key) of moves told, in clock order
-};
-
-/// Intents take effect in rounds every this many clocks (intent.hpp): with
-/// peers on other nodes a quarter of the lookahead, so an intent still takes
-/// effect at least three quarters of the lookahead before its window; every
-/// clock on one node (messages are cheap there and a round's burst of moves
-/// delays the workers' requests) and for short lookaheads (< 8), which leave
-/// no slack to spend.
-inline int64_t intent_round_of(int64_t lookahead, bool one_node) {
-  return !one_node && lookahead >= 8 ? lookahead / 4 : 1;
-}
 
 class Engine {
  public:
@@ -423,30 +284,15 @@ class Engine {
     ring(shm_.bell());
   }
 
+  // -- serving a key in a node-local peer's shard (worker_ops.hpp)
   bool direct(int op, int64_t k, char* v);
   bool try_direct(int p, int op, int64_t k, char* v);
 
-  // -- progress thread (protocol.hpp unless noted)
+  // -- the progress thread's loop and the workers' commands (progress.hpp)
   void loop();
   void handle_cmd(Cmd& c);
   void route(Cmd& c, Outbox& ob);
   void sync_round(bool refresh, bool all_intents, Outbox& ob);
-  void handle_msg(int src, const char* buf);
-  void on_pull_resp(int src, const MsgView& m);
-  void on_fetch_resp(int src, const MsgView& m);
-  void on_rsync_resp(int src, const MsgView& m);
-  void on_rcheck_resp(int src, const MsgView& m);
-  void on_localize(const MsgView& m, Outbox& ob);
-  void on_repl_grant(const MsgView& m, Outbox& ob);
-  void on_bye(int src);
-  void share_ledger();
-  void serve(int32_t type, int32_t origin, int64_t ts, int64_t pos, int64_t k, const char* val, Outbox& ob);
-  void handover(int64_t k, const char* v, uint32_t ver, Outbox& ob);
-  void start_localize(const std::vector<int64_t>& keys, int64_t ts, Outbox& ob);
-  void mark_incoming(const int64_t* keys, int64_t n);
-  void queue_return(int64_t k);
-  void relocate(int64_t k, int r, Outbox& ob);
-  void grant_replica(int64_t k, int q, Outbox& ob);
   void do_reset();
   void dump();
   void finish(Outbox& ob) {
@@ -467,7 +313,25 @@ class Engine {
   /// Complete the requests collected in done_ (one lock per request, not per key).
   void complete_done();
   void check_sync_waiters();
+  // -- messages (protocol.hpp)
+  void handle_msg(int src, const char* buf);
+  void on_pull_resp(int src, const MsgView& m);
+  void on_fetch_resp(int src, const MsgView& m);
+  void on_rsync_resp(int src, const MsgView& m);
+  void on_rcheck_resp(int src, const MsgView& m);
+  void on_localize(const MsgView& m, Outbox& ob);
+  void on_repl_grant(const MsgView& m, Outbox& ob);
+  void on_bye(int src);
+  void serve(int32_t type, int32_t origin, int64_t ts, int64_t pos, int64_t k, const char* val, Outbox& ob);
+  // -- keys moving between ranks (relocation.hpp)
+  void handover(int64_t k, const char* v, uint32_t ver, Outbox& ob);
+  void start_localize(const std::vector<int64_t>& keys, int64_t ts, Outbox& ob);
+  void mark_incoming(const int64_t* keys, int64_t n);
+  void queue_return(int64_t k);
+  void relocate(int64_t k, int r, Outbox& ob);
+  void grant_replica(int64_t k, int q, Outbox& ob);
   // -- intents (intent.hpp)
+  void share_ledger();
   void process_intents(int w, Outbox& ob);
   /// Must an intent for clock `start`, posted at clock `now`, take effect now?
   /// It takes effect in the first intent round at or after `start - lookahead`:
@@ -590,265 +454,4 @@ class Engine {
   std::thread thread_;
 };
 
-// ---------------------------------------------------------------- worker side
-
-/// op is M_PULL, M_PUSH or M_SET. Returns -1 when served entirely here (or in
-/// a node-local peer's shard), else the timestamp of the remote part.
-inline int64_t Engine::op(int op, int worker, const int64_t* keys, int64_t n, char* vals) {
-  check_alive();
-  const Layout& lay = sh_.layout();
-  // uniform lengths (the common case): offsets are computed, not looked up
-  const bool uni = lay.uniform();
-  const int64_t urow = uni ? static_cast<int64_t>(lay.row_bytes(0)) : 0;
-  std::vector<int64_t> voff;  // byte offset of each key's row in vals
-  if (!uni) {
-    voff.resize(n);
-    int64_t acc = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      voff[i] = acc;
-      acc += static_cast<int64_t>(lay.row_bytes(keys[i]));
-    }
-  }
-  std::vector<uint8_t> remote(n, 0);
-  std::atomic<int64_t> nremote{0}, nshared{0};
-  const bool peers = shm_.shares_peers();
-  const bool probing = ledger_.enabled();
-  distkit::parallel_for(0, n, 8192, [&](int64_t lo, int64_t hi) {
-    int64_t r = 0, shared = 0, gain = 0;
-    constexpr int64_t kAhead = 24;
-    for (int64_t i = lo; i < hi; ++i) {
-      if (i + kAhead < hi) {
-        // a few keys ahead: the record here and the slot where the key most
-        // likely is, its home (here, or a node-local peer's shard), whose
-        // place needs no record: random rows miss every cache line
-        const int64_t kp = keys[i + kAhead];
-        __builtin_prefetch(&meta_[kp].state, 1);
-        const int h = dir_.home(kp);
-        const char* sp = nullptr;
-        if (h == rank_) {
-          sp = sh_.home_slot(kp);
-        } else if (peers && pmeta_[h]) {
-          __builtin_prefetch(&pmeta_[h][kp], 1);
-          sp = shm_.values(h) + lay.at(kp, h, -1);
-        }
-        if (sp) {
-          const size_t b = std::min<size_t>(op == M_PULL ? lay.row_bytes(kp) : lay.slot_bytes(kp), 512);
-          for (size_t o = 0; o < b; o += 64) __builtin_prefetch(sp + o, 1);
-        }
-      }
-      const int64_t k = keys[i];
-      char* v = vals + (uni ? i * urow : voff[i]);
-      Meta& m = meta_[k];
-      m.lock.lock();
-      const uint8_t st = m.state;
-      if (st == OWNED || (st == REPLICA && op != M_SET)) {
-        char* slot = sh_.slot(k);  // (under the lock: a region-B slot changes only with the state)
-        if (op == M_PULL) {
-          std::memcpy(v, slot, lay.row_bytes(k));
-        } else if (op == M_SET) {
-          std::memcpy(slot, v, lay.row_bytes(k));
-          ++m.ver;
-        } else {
-          sh_.apply(k, v);
-          if (st == REPLICA) {
-            sh_.add_delta(k, v);
-            m.dirty = 1;
-          } else {
-            ++m.ver;
-          }
-        }
-        m.lock.unlock();
-      } else {
-        m.lock.unlock();
-        if (peers && direct(op, k, v)) {
-          ++shared;
-        } else {
-          remote[i] = 1;
-          ++r;
-        }
-      }
-      // what intent changed for a probe key: near now vs near at its home (ledger.hpp)
-      if (probing && IntentLedger::probe(k))
-        gain += (remote[i] ? 0 : 1) - (shm_.reaches(rank_, dir_.home(k)) ? 1 : 0);
-    }
-    if (r) nremote += r;
-    if (shared) nshared += shared;
-    ledger_.gain(gain);
-  });
-  const int64_t nr = nremote.load();
-  n_shared_ += nshared.load();
-  n_remote_ += nr;
-  n_local_ += n - nshared.load() - nr;
-  if (nr == 0) return -1;
-  Cmd c;
-  c.type = C_ROUTE;
-  c.op = op;
-  c.keys.reserve(nr);
-  c.pos.reserve(nr);
-  for (int64_t i = 0; i < n; ++i) {
-    if (!remote[i]) continue;
-    c.keys.push_back(keys[i]);
-    c.pos.push_back(i);
-    if (op != M_PULL) {
-      const char* v = vals + (uni ? i * urow : voff[i]);
-      c.vals.insert(c.vals.end(), v, v + lay.row_bytes(keys[i]));
-    }
-  }
-  if (op != M_PULL) return submit(std::move(c), nr, worker);
-  if (uni) {
-    voff.resize(n);
-    for (int64_t i = 0; i < n; ++i) voff[i] = i * urow;
-  }
-  return submit(std::move(c), nr, worker, vals, std::move(voff));
-}
-
-/// Serve one key in place in the shard of a node-local peer that owns it
-/// (tried: this rank's routing hint, then the owner in the home's
-/// directory). Ownership is checked under the key's lock in the peer's
-/// records, which every path that moves or changes the key also takes.
-inline bool Engine::direct(int op, int64_t k, char* v) {
-  const int p = __atomic_load_n(&meta_[k].hint, __ATOMIC_RELAXED);
-  if (p != rank_ && pmeta_[p] && try_direct(p, op, k, v)) return true;
-  const int h = dir_.home(k);
-  if (!pmeta_[h]) return false;
-  const int o = __atomic_load_n(&pmeta_[h][k].owner, __ATOMIC_RELAXED);
-  if (o == p || o == rank_ || o < 0 || o >= size_ || !pmeta_[o]) return false;
-  return try_direct(o, op, k, v);
-}
-
-inline bool Engine::try_direct(int p, int op, int64_t k, char* v) {
-  if (!shm_.bell_of(p)->data_live.load(std::memory_order_acquire)) return false;  // not yet or no longer shared
-  Meta& m = pmeta_[p][k];
-  // a peer that died holding the lock must not hang us: give up when the
-  // engine learns of the failure
-  int spins = 0;
-  while (m.lock.f.test_and_set(std::memory_order_acquire)) {
-    if (++spins > 64) {
-      std::this_thread::yield();
-      if ((spins & 0xFFFF) == 0 && (reqs_.failed() || !running_.load())) return false;
-    }
-  }
-  if (m.state != OWNED || !shm_.bell_of(p)->data_live.load(std::memory_order_relaxed)) {
-    m.lock.unlock();
-    return false;
-  }
-  char* slot = sh_.slot_of(shm_.values(p), p, k, m);
-  if (op == M_PULL) {
-    std::memcpy(v, slot, sh_.layout().row_bytes(k));
-  } else if (op == M_SET) {
-    std::memcpy(slot, v, sh_.layout().row_bytes(k));
-    ++m.ver;
-  } else {
-    sh_.apply_at(slot, k, v);
-    ++m.ver;
-  }
-  m.lock.unlock();
-  return true;
-}
-
-inline int64_t Engine::localize(int worker, const int64_t* keys, int64_t n) {
-  check_alive();
-  std::vector<int64_t> u(keys, keys + n);
-  std::sort(u.begin(), u.end());
-  u.erase(std::unique(u.begin(), u.end()), u.end());
-  Cmd c;
-  c.type = C_LOCALIZE;
-  for (int64_t k : u)
-    if (key_state(k) != OWNED) c.keys.push_back(k);
-  if (c.keys.empty()) return -1;
-  const int64_t todo = static_cast<int64_t>(c.keys.size());
-  return submit(std::move(c), todo, worker);
-}
-
-inline void Engine::intent(int worker, const int64_t* keys, int64_t n, int64_t start, int64_t end) {
-  check_alive();
-  // every shard is served in place on this node: no key needs to move
-  if (n == 0 || tech_ == T_NONE || shm_.all_reach()) return;
-  Cmd c;
-  c.type = C_INTENT;
-  c.worker = worker;
-  c.a = start;
-  c.b = end;
-  if (ledger_.all_keys() || !IntentLedger::gated(start, end)) {
-    c.keys.assign(keys, keys + n);
-  } else {
-    // intent does not pay here now: only the probe keys go through it, in slices (ledger.hpp)
-    if (ledger_.probing(start))
-      for (int64_t i = 0; i < n; ++i)
-        if (IntentLedger::probe(keys[i])) c.keys.push_back(keys[i]);
-    n_classic_ += n - static_cast<int64_t>(c.keys.size());
-    if (c.keys.empty()) return;
-  }
-  post(std::move(c));
-}
-
-inline int64_t Engine::advance_clock(int worker) {
-  const int64_t c = ++clocks_[worker];
-  Cmd cmd;
-  cmd.type = C_CLOCK;
-  cmd.worker = worker;
-  cmd.a = c;
-  post(std::move(cmd));
-  // Back-pressure: a worker may run at most one sync round ahead of its
-  // progress engine. Otherwise a worker whose pulls are all local (what
-  // intent achieves) takes the CPU from the engine on an oversubscribed
-  // node, relocations fall behind and the keys are not local when needed.
-  if (c > 1 && synced_[worker].load() < c - 1) {
-    std::unique_lock<std::mutex> lk(clock_mu_);
-    clock_cv_.wait_for(lk, std::chrono::seconds(1),
-                       [&] { return synced_[worker].load() >= c - 1 || reqs_.failed() || !running_.load(); });
-  }
-  return c;
-}
-
-/// One sync round (intents, replica refresh); returns once every internal
-/// operation this rank has under way (relocations, replica fetches and
-/// refreshes, intent registrations) has finished.
-inline void Engine::wait_sync() {
-  check_alive();
-  Cmd c;
-  c.type = C_SYNC;
-  wait(submit(std::move(c), 1, -1));
-}
-
-/// A barrier on the collective communicator that does not spin hard: a rank
-/// that arrives early sleeps between tests, longer the longer it waits (each
-/// test runs MPI's progress loop, which on a busy node takes the CPU from the
-/// ranks still working).
-inline void Engine::barrier() {
-  MPI_Request r;
-  distkit::mpi::check(MPI_Ibarrier(coll_, &r), "MPI_Ibarrier");
-  int flag = 0;
-  int spins = 0;
-  long sleep_us = 50;
-  while (true) {
-    distkit::mpi::check(MPI_Test(&r, &flag, MPI_STATUS_IGNORE), "MPI_Test");
-    if (flag) break;
-    reqs_.check_failed();
-    if (++spins > 10) {
-      std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
-      sleep_us = std::min(sleep_us * 2, 1000L);
-    }
-  }
-}
-
-/// Barrier over every worker thread of every rank.
-inline void Engine::worker_barrier() {
-  std::unique_lock<std::mutex> lk(wb_mu_);
-  const uint64_t gen = wb_gen_;
-  if (++wb_count_ == num_workers_) {
-    lk.unlock();
-    barrier();
-    lk.lock();
-    wb_count_ = 0;
-    ++wb_gen_;
-    wb_cv_.notify_all();
-  } else {
-    wb_cv_.wait(lk, [&] { return wb_gen_ != gen; });
-  }
-}
-
 }  // namespace kvps
-
-#include "intent.hpp"
-#include "protocol.hpp"

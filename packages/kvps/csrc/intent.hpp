@@ -59,29 +59,6 @@
 
 namespace kvps {
 
-inline ReuseModel::Seen ReuseModel::note(Meta& m, int64_t start, int64_t end) {
-  // clocks + 1 (0 marks "never"), compared modulo 2^32
-  const uint32_t s = static_cast<uint32_t>(start) + 1;
-  const uint32_t e = static_cast<uint32_t>(end) + 1;
-  const int32_t gap = static_cast<int32_t>(s - m.last);
-  const Seen seen{m.last != 0 && gap <= horizon_, m.last != 0 && gap <= 0};
-  if (m.last == 0 || static_cast<int32_t>(e - m.last) > 0) m.last = e;
-  return seen;
-}
-
-inline void ReuseModel::told(int64_t k, Meta& m, int64_t clock) {
-  if (m.flags & F_MOVED) missed(m);  // (an earlier move not used again: one use)
-  m.flags |= F_MOVED;
-  awaiting_.emplace_back(clock + horizon_, k);
-}
-
-inline void ReuseModel::expire(int64_t clock, Meta* meta) {
-  while (!awaiting_.empty() && awaiting_.front().first <= clock) {
-    missed(meta[awaiting_.front().second]);  // (no-op when resolved since)
-    awaiting_.pop_front();
-  }
-}
-
 inline void Engine::process_intents(int w, Outbox& ob) {
   const int64_t c = clocks_[w].load();
   const bool keep_owned = tech_ == T_ALL || tech_ == T_REPL_ONLY;

@@ -1,4 +1,4 @@
-// _kvps: native core of kvps (the engine is in engine.hpp and the headers it lists).
+// _kvps: native core of kvps (the engine: engine.hpp, which lists its headers).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -10,7 +10,12 @@
 #include "distkit/parallel.hpp"
 #include "distkit/pybind.hpp"
 #include "engine.hpp"
+#include "intent.hpp"
 #include "pooling.hpp"
+#include "progress.hpp"
+#include "protocol.hpp"
+#include "relocation.hpp"
+#include "worker_ops.hpp"
 
 namespace py = pybind11;
 using distkit::nogil;

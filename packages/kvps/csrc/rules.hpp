@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "distkit/adagrad.hpp"
 #include "distkit/dtype.hpp"
 #include "distkit/error.hpp"
 #include "fma.hpp"
@@ -65,16 +66,11 @@ KVPS_INLINE void sgd_step(const Rule& r, T* p, const T* g, int64_t n) {
 }
 
 /// torch.optim.Adagrad (lr_decay = weight_decay = 0, initial accumulator 0):
-/// acc.addcmul_(g, g); p.addcdiv_(g, acc.sqrt().add_(eps), value=-lr).
+/// acc.addcmul_(g, g); p.addcdiv_(g, acc.sqrt().add_(eps), value=-lr), with
+/// addcmul_'s one rounding (distkit/adagrad.hpp, Fused = true).
 template <class T>
 KVPS_INLINE void adagrad_step(const Rule& r, T* p, const T* g, int64_t n) {
-  T* acc = p + n;
-  const T v = static_cast<T>(-r.lr), eps = static_cast<T>(r.eps);
-  for (int64_t i = 0; i < n; ++i) {
-    acc[i] = std::fma(g[i], g[i], acc[i]);
-    const T den = std::sqrt(acc[i]) + eps;
-    p[i] = p[i] + (v * g[i]) / den;
-  }
+  distkit::adagrad_row<true>(p, p + n, g, n, static_cast<T>(-r.lr), static_cast<T>(r.eps));
 }
 
 /// Row-wise Adagrad as in FBGEMM/TorchRec: acc += mean(g^2) (one accumulator

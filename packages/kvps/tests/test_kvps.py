@@ -98,7 +98,9 @@ def test_setup_rejects_bad_arguments() -> None:
     with pytest.raises(TypeError, match="num_channels"):
         kvps.setup(10, 1, "all", 1.5)  # type: ignore[arg-type]
     kvps.setup(10, 2, "", num_channels=4)  # AdaPM's defaults: "" = all techniques
-    assert kvps._server._config is not None and kvps._server._config.technique == "all"
+    from kvps._setup import configured
+
+    assert configured().technique == "all" and configured().num_threads == 2
 
 
 def test_key_range_error_is_index_and_value_error() -> None:
@@ -151,7 +153,7 @@ def test_server_rejects_a_bad_link_rate(monkeypatch: pytest.MonkeyPatch, rate: s
 
 
 def test_link_rate_reads_tc_syntax(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvps._server import link_rate
+    from kvps._setup import link_rate
 
     monkeypatch.delenv("KVPS_LINK_RATE", raising=False)
     assert link_rate() == -1.0  # measured when the server starts

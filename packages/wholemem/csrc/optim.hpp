@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "distkit/adagrad.hpp"
 #include "distkit/half.hpp"
 #include "distkit/macros.hpp"
 
@@ -39,9 +40,6 @@ struct OptParams {
   float alpha;      // RMSProp smoothing constant
 };
 
-DK_INLINE float dk_sqrt(float x) { return sqrtf(x); }
-DK_INLINE double dk_sqrt(double x) { return sqrt(x); }
-
 /// One element of a sparse optimizer step: w, s0, s1 updated in place. `rs` is the
 /// row's LazyAdam state {beta1^t, beta2^t} before this update (read only here; it is
 /// advanced once per row by optim_row_state after every element of the row is done).
@@ -52,12 +50,9 @@ DK_INLINE void optim_element(const OptParams& p, A& w, A g, A* s0, A* s1, const 
     case OptKind::SGD:
       w = w - A(p.lr) * g;
       break;
-    case OptKind::Adagrad: {
-      const A s = *s0 + g * g;
-      *s0 = s;
-      w = w - A(p.lr) * g / (dk_sqrt(s) + A(p.eps));
+    case OptKind::Adagrad:  // product and sum rounded apart, as WholeGraph's kernel is written
+      distkit::adagrad_update<false>(w, *s0, g, -A(p.lr), A(p.eps));
       break;
-    }
     case OptKind::LazyAdam: {
       const A b1 = A(p.beta1), b2 = A(p.beta2);
       const A m = b1 * *s0 + (A(1) - b1) * g;
@@ -66,13 +61,13 @@ DK_INLINE void optim_element(const OptParams& p, A& w, A g, A* s0, A* s1, const 
       *s1 = v;
       const A mhat = m / (A(1) - rs[0] * b1);
       const A vhat = v / (A(1) - rs[1] * b2);
-      w = w - A(p.lr) * mhat / (dk_sqrt(vhat) + A(p.eps));
+      w = w - A(p.lr) * mhat / (distkit::hd_sqrt(vhat) + A(p.eps));
       break;
     }
     case OptKind::RMSProp: {
       const A v = A(p.alpha) * *s0 + (A(1) - A(p.alpha)) * g * g;
       *s0 = v;
-      w = w - A(p.lr) * g / (dk_sqrt(v) + A(p.eps));
+      w = w - A(p.lr) * g / (distkit::hd_sqrt(v) + A(p.eps));
       break;
     }
   }

@@ -12,7 +12,7 @@ from torch import nn
 from distkit_common.validate import check_int
 
 from ._prefetch import default_ids, prefetch
-from ._server import Worker
+from ._worker import Worker
 
 
 class PSEmbedding(nn.Module):
@@ -62,6 +62,12 @@ class PSEmbedding(nn.Module):
     ValueError
         The server's value length of the table's keys is not ``2 * embedding_dim``,
         or the table does not fit the key range.
+
+    Examples
+    --------
+    >>> server = kvps.Server(2 * 16)  # row + accumulator per key, no optimizer  # doctest: +SKIP
+    >>> emb = kvps.torch.PSEmbedding(1000, 16, kvps.Worker(0, server), lr=0.1)  # doctest: +SKIP
+    >>> emb(torch.tensor([[1, 2], [3, 1]])).sum().backward(); emb.flush()  # doctest: +SKIP
     """
 
     def __init__(
@@ -127,7 +133,19 @@ class PSEmbedding(nn.Module):
         return flat
 
     def pull_rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows and Adagrad accumulators of ``ids`` (1-D int64), each ``(len(ids), embedding_dim)``.
+        """Pull the rows and Adagrad accumulators of ``ids``.
+
+        Parameters
+        ----------
+        ids : torch.Tensor
+            The table's ids to pull (1-D, int64, each in ``[0, num_embeddings)``).
+
+        Returns
+        -------
+        rows : torch.Tensor
+            The rows, ``(len(ids), embedding_dim)``, float32.
+        acc : torch.Tensor
+            Their Adagrad accumulators, the same shape.
 
         Raises
         ------
@@ -141,11 +159,21 @@ class PSEmbedding(nn.Module):
         return st[:, 0].clone(), st[:, 1].clone()
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """Look up ``ids`` (int64, any shape); returns ``ids.shape + (embedding_dim,)``.
+        """Look up ``ids``.
 
         The values are the stored rows (``nn.functional.embedding(ids, rows)``).
         In grad mode a backward pass through them runs the worker's Adagrad
         step (it raises ``RuntimeError`` on a server with an optimizer).
+
+        Parameters
+        ----------
+        ids : torch.Tensor
+            The int64 ids in ``[0, num_embeddings)``, any shape.
+
+        Returns
+        -------
+        torch.Tensor
+            ``ids.shape + (embedding_dim,)``, float32.
 
         Raises
         ------
@@ -158,11 +186,11 @@ class PSEmbedding(nn.Module):
         keys = (uniq + self.key_offset).contiguous()
         if torch.is_grad_enabled():
             rows.requires_grad_(True)
-            rows.register_hook(lambda g: self._apply_grad(keys, g, acc))
+            rows.register_hook(lambda g: self._push_adagrad_step(keys, g, acc))
         out = rows[inv]
         return out.view(*ids.shape, self.embedding_dim)
 
-    def _apply_grad(self, keys: torch.Tensor, g: torch.Tensor, acc: torch.Tensor) -> None:
+    def _push_adagrad_step(self, keys: torch.Tensor, g: torch.Tensor, acc: torch.Tensor) -> None:
         if self.worker.server.optimizer is not None:
             raise RuntimeError(
                 "PSEmbedding: backward would push Adagrad deltas computed on the worker, but the kvps server has "
@@ -171,6 +199,12 @@ class PSEmbedding(nn.Module):
                 "(kvps.Server(lengths)), or use kvps.torch.PSEmbeddingBag for a server-side rule; for "
                 "inference, run the lookup under torch.no_grad()"
             )
+        # The Adagrad step of distkit/adagrad.hpp with Fused = false (g * g rounded, then
+        # added), spelled here in torch instead of calling it: the step is taken on the
+        # worker from the pulled (possibly stale) accumulator and pushed as two deltas, the
+        # row's step and g * g, which a server without optimizer adds, so that concurrent
+        # steps of other ranks add up (the native update writes w and acc in place where
+        # they live). torch's CPU sqrt may differ from a correctly rounded one in the last bit.
         g = g.detach().float()
         g2 = g * g
         delta = -self.lr * g / ((acc + g2).sqrt() + self.eps)
@@ -205,9 +239,9 @@ class PSEmbedding(nn.Module):
         keys_fn : callable, optional
             Maps a batch to its int64 id tensor (default: the batch itself or its first element).
 
-        Yields
-        ------
-        object
+        Returns
+        -------
+        iterator of object
             The batches, unchanged.
         """
         kf = keys_fn or default_ids

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -280,3 +281,23 @@ def _read_distx(ckpt: Any, shard: LocalShard, path: Any, mine: np.ndarray) -> np
         raise ValueError("checkpoint value lengths differ from the server's value_lengths")
     flat_e = state["values"].view(torch.uint8).numpy().view(_elements(shard))
     return np.ascontiguousarray(flat_e[_flat_index(slots, mine)])
+
+
+#: checkpoint format name -> (save, load)
+_FORMATS = {"kvps": (save, load), "distx": (save_distx, load_distx)}
+
+
+def _format(format: Any) -> tuple[Callable[[LocalShard, Any], None], Callable[[LocalShard, Any], None]]:
+    if not isinstance(format, str) or format not in _FORMATS:
+        raise ValueError(f"format must be 'kvps' or 'distx', got {format!r}")
+    return _FORMATS[format]
+
+
+def save_checkpoint(shard: LocalShard, path: Any, format: str) -> None:
+    """Write ``shard``'s server state to ``path`` in ``format`` ("kvps" or "distx"); :meth:`kvps.Server.save`."""
+    _format(format)[0](shard, path)
+
+
+def load_checkpoint(shard: LocalShard, path: Any, format: str) -> None:
+    """Replace ``shard``'s server state by the ``format`` checkpoint in ``path``; :meth:`kvps.Server.load`."""
+    _format(format)[1](shard, path)

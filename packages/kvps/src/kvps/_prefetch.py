@@ -10,7 +10,7 @@ import torch
 
 from distkit_common.validate import check_int
 
-from ._server import Worker
+from ._worker import Worker
 
 
 def prefetch(

@@ -48,7 +48,13 @@ class Optimizer:
         raise NotImplementedError
 
     def to_dict(self) -> dict[str, Any]:
-        """The rule's name and hyperparameters (JSON-compatible)."""
+        """Describe the rule: its name and hyperparameters (JSON-compatible).
+
+        Returns
+        -------
+        dict
+            ``{"name": ..., <hyperparameter>: <value>, ...}``; checkpoints store it.
+        """
         return {"name": self.name, **{k: v for k, v in self.__dict__.items()}}
 
 

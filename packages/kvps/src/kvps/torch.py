@@ -11,7 +11,8 @@
 
 from __future__ import annotations
 
-from ._bags import EmbeddingBagConfig, PSEmbeddingBag, PSEmbeddingBagCollection, table_lengths
+from ._bag_collection import EmbeddingBagConfig, PSEmbeddingBagCollection, table_lengths
+from ._bags import PSEmbeddingBag
 from ._embedding import PSEmbedding
 
 __all__ = ["EmbeddingBagConfig", "PSEmbedding", "PSEmbeddingBag", "PSEmbeddingBagCollection", "table_lengths"]

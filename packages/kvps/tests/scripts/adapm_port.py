@@ -407,7 +407,7 @@ def varlen_sampling() -> None:
                 # the value buffer must match the drawn keys: ask the size first
                 with pytest.raises(ValueError, match="sum to"):
                     w0.pull_sample(sid, kout, np.zeros(0, dtype=np.float32))
-                ks = w0._samples[sid][0][w0._samples[sid][1] : w0._samples[sid][1] + m]
+                ks = w0._samples.next_keys(sid, kout)  # the keys the pull will take (not taken yet)
                 vout = np.zeros(int(lengths[ks].sum()), dtype=np.float32)
                 if left % 2:  # AdaPM's binding: positional async flag, or its keyword names
                     ts = w0.pull_sample(sid, kout, vout, True)

@@ -1,0 +1,160 @@
+// relocation.hpp - keys moving between ranks. The home updates the directory,
+// announces the key to its new owner (a notice that precedes every request the
+// home forwards there) and tells the old owner to hand the slot over; operations
+// for a key on its way here wait for it and are replayed when it arrives.
+#pragma once
+
+#include "engine.hpp"
+
+namespace kvps {
+
+/// Key k's slot arrived: it is owned here now; replay what waited for it.
+inline void Engine::handover(int64_t k, const char* v, uint32_t ver, Outbox& ob) {
+  Meta& m = meta_[k];
+  m.lock.lock();
+  const bool replica_updates = (m.flags & F_DELTA) && m.dirty;
+  sh_.hold(k);
+  std::memcpy(sh_.slot(k), v, sh_.layout().slot_bytes(k));
+  // a replica turning owner applies the updates it had not shipped yet
+  if (replica_updates) sh_.apply_delta(k);
+  prof_.arrived(k);
+  intent_cost(k, IntentCosts::kMove);
+  if (m.flags & F_NOTICED) {
+    m.flags &= static_cast<uint8_t>(~F_NOTICED);
+    --noticed_pending_;
+  }
+  m.ver = ver + 1;  // versions travel with the value (+1: a local delta may have been applied)
+  m.dirty = 0;
+  m.flags &= static_cast<uint8_t>(~(F_DELTA | F_INCOMING));
+  m.state = OWNED;
+  m.hint = rank_;
+  m.lock.unlock();
+  if (!waiters_.empty()) {
+    auto w = waiters_.find(k);
+    if (w != waiters_.end()) {
+      for (int64_t t : w->second) done_.push_back(t);
+      waiters_.erase(w);
+    }
+  }
+  auto p = pending_.empty() ? pending_.end() : pending_.find(k);
+  if (p != pending_.end()) {
+    auto ops = std::move(p->second);
+    pending_.erase(p);
+    for (auto& op : ops) {
+      if (op.type == kReturnMarker) {
+        mark_incoming(&k, 1);  // back here after the transfer before it: the ops after it wait again
+      } else {
+        serve(op.type, op.origin, op.ts, op.pos, k, op.val.empty() ? nullptr : op.val.data(), ob);
+      }
+    }
+  }
+}
+
+/// keys: unique; ts: the request to complete once per key.
+inline void Engine::start_localize(const std::vector<int64_t>& keys, int64_t ts, Outbox& ob) {
+  int64_t already = 0;
+  for (int64_t k : keys) {
+    Meta& m = meta_[k];
+    m.lock.lock();
+    const uint8_t st = m.state;
+    if (st == OWNED) {
+      m.lock.unlock();
+      ++already;
+      continue;
+    }
+    const bool was_incoming = st == INCOMING || (m.flags & F_INCOMING);
+    if (!was_incoming) {
+      // a replica keeps serving local reads/pushes until the value arrives
+      if (st == REPLICA) {
+        m.flags |= F_INCOMING;
+      } else {
+        m.state = INCOMING;
+      }
+    }
+    m.lock.unlock();
+    waiters_[k].push_back(ts);
+    if (!was_incoming) ob.to(dir_.home(k), M_LOCALIZE, rank_, 0).put(k, 0, nullptr, 0);
+  }
+  if (already) reqs_.complete(ts, already);
+}
+
+/// The home moved key k here while it is on its way here already. If a
+/// transfer away is queued for its arrival, this move is a later one: the key
+/// leaves again on arrival and comes back after that. A marker right after
+/// that transfer re-marks it incoming at that point of the replay (see
+/// handover), so the operations queued after it wait for its return instead
+/// of being forwarded to this rank itself. (No transfer queued: nothing to do.)
+inline void Engine::queue_return(int64_t k) {
+  if (pending_.empty()) return;
+  auto p = pending_.find(k);
+  if (p == pending_.end()) return;
+  auto& ops = p->second;
+  for (size_t i = ops.size(); i-- > 0;) {
+    if (ops[i].type == M_TRANSFER) {
+      ops.insert(ops.begin() + static_cast<std::ptrdiff_t>(i) + 1, PendingOp{kReturnMarker, rank_, 0, 0, {}});
+      return;
+    }
+  }
+}
+
+/// The home moved these keys to this rank; their handover is on the way
+/// (or already here: then the key is OWNED and nothing is to do). A key on
+/// its way here already may be moved here once more (queue_return).
+inline void Engine::mark_incoming(const int64_t* keys, int64_t n) {
+  std::vector<int64_t> inc;
+  for (int64_t i = 0; i < n; ++i) {
+    ahead(keys, n, i, false);
+    const int64_t k = keys[i];
+    Meta& m = meta_[k];
+    bool again = false;  // on its way here already
+    m.lock.lock();
+    if (m.state == NOT_HERE) {
+      m.state = INCOMING;
+      inc.push_back(k);
+    } else if (m.state == REPLICA && !(m.flags & F_INCOMING)) {
+      m.flags |= F_INCOMING;  // keeps serving locally until the value arrives
+      inc.push_back(k);
+    } else {
+      again = m.state != OWNED;
+    }
+    m.lock.unlock();
+    // (after the unlock: pending_ is this thread's own, and peers spin on the key's lock)
+    if (again) queue_return(k);
+  }
+  // wait_sync waits until every noticed key arrived (a counter, no per-key request)
+  for (int64_t k : inc) {
+    prof_.noticed(k, num_keys_);
+    meta_[k].flags |= F_NOTICED;
+  }
+  noticed_pending_ += static_cast<int64_t>(inc.size());
+}
+
+/// Home: move key k to rank r now. The new owner learns it from a notice
+/// that precedes (FIFO) every operation the home forwards to it afterwards;
+/// the current owner hands the value over directly.
+inline void Engine::relocate(int64_t k, int r, Outbox& ob) {
+  const int prev = meta_[k].owner;
+  meta_[k].owner = r;
+  if (r == rank_) {
+    mark_incoming(&k, 1);  // not through a message to self: serve() below must see it
+  } else {
+    ob.to(r, M_RELOC_NOTICE, rank_, 0).put(k, 0, nullptr, 0);
+  }
+  if (prev == rank_) {
+    serve(M_TRANSFER, r, 0, r, k, nullptr, ob);
+  } else {
+    ob.to(prev, M_TRANSFER, rank_, 0).put(k, r, nullptr, 0);
+  }
+}
+
+/// Home: give rank q a replica of k. When the home holds k itself it sends
+/// the value at once (no grant/fetch round trip); else q fetches it.
+inline void Engine::grant_replica(int64_t k, int q, Outbox& ob) {
+  if (meta_[k].owner == rank_ && key_state(k) == OWNED) {
+    serve(M_FETCH, q, -1, 0, k, nullptr, ob);
+  } else {
+    ob.to(q, M_REPL_GRANT, rank_, 0).put(k, 0, nullptr, 0);
+  }
+}
+
+}  // namespace kvps
