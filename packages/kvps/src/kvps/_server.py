@@ -46,7 +46,7 @@ def link_rate() -> float:
         return -1.0
     if text.lower() in ("0", "off"):
         return 0.0
-    from distkit_common.cluster import parse_rate
+    from distkit_common.rates import parse_rate
 
     try:
         return parse_rate(text) / 8
