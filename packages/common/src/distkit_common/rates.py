@@ -46,6 +46,13 @@ def parse_rate(rate: str) -> int:
         If ``rate`` is not a str.
     ValueError
         If ``rate`` is not a number with a known unit, or outside ``[MIN_RATE, MAX_RATE]``.
+
+    Examples
+    --------
+    >>> parse_rate("1gbit")
+    1000000000
+    >>> parse_rate("125MBps")
+    1000000000
     """
     if not isinstance(rate, str):
         raise TypeError(f"rate must be a str like '1gbit', got {type(rate).__name__}")

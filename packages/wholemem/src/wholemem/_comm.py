@@ -636,6 +636,17 @@ def create_communicator(
         timeout that is not positive.
     RuntimeError
         Library not initialised, or the rendezvous failed / timed out.
+
+    Examples
+    --------
+    >>> import dataclasses, wholemem as wg                        # doctest: +SKIP
+    >>> from distkit_common.collective import bcast_json
+    >>> wg.init_lib()
+    >>> uid = dataclasses.asdict(wg.get_unique_id()) if rank == 0 else None
+    >>> uid = wg.UniqueId(**bcast_json(uid, mpi_comm))          # any way to send it
+    >>> comm = wg.create_communicator(size, uid, rank)
+    >>> comm.rank, comm.size
+    (0, 4)
     """
     _lib.require_init("create_communicator")
     size = check_int(size, "size", lo=1)

@@ -114,6 +114,14 @@ def create_wm_tensor(
         (raised on every rank, before any allocation), or a failure on another rank.
     OSError
         Shared memory could not be created or mapped.
+
+    Examples
+    --------
+    >>> t = wg.create_wm_tensor(comm, [1000, 64], [], torch.float32,   # doctest: +SKIP
+    ...                         wg.WmTensorType.CHUNKED)
+    >>> wg.scatter(t, torch.tensor([3]), torch.ones(1, 64)); comm.barrier()
+    >>> wg.gather(t, torch.tensor([3, 4])).sum().item()
+    64.0
     """
     _lib.require_init(_STEP)
     if not isinstance(comm, WholeMemoryCommunicator):

@@ -164,6 +164,13 @@ def run_cluster(
         If the simulated cluster cannot be brought up (``ClusterError``).
     TypeError, ValueError
         On bad hosts, ranks, launcher, fault or rate.
+
+    Examples
+    --------
+    >>> res = run_cluster(2, 2, "tests/scripts/job.py", 120,           # doctest: +SKIP
+    ...                   fault=Fault("kill", "dkh2", after_line="step 3"))
+    >>> sorted(res.hosts)
+    ['dkh1', 'dkh2']
     """
     where = job.placement(hosts, ranks_per_host)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:

@@ -283,6 +283,12 @@ def run_mpi(
     ------
     AssertionError
         On timeout, or on a non-zero exit when ``check``.
+
+    Examples
+    --------
+    >>> res = run_mpi("tests/scripts/allreduce.py", 4, timeout=120)   # doctest: +SKIP
+    >>> res.returncode
+    0
     """
     # `python -m mpi4py` turns an uncaught exception or a non-zero exit on any
     # rank into MPI_Abort, so the other ranks do not hang in a collective.

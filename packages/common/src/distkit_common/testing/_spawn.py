@@ -122,6 +122,16 @@ def run_spawn(
         or the bodies run past ``timeout`` (every child is then killed and reaped).
     ValueError
         If ``nprocs`` < 1, or ``timeout`` or ``start_timeout`` <= 0 (nothing is started).
+
+    Examples
+    --------
+    >>> def body(rank, size, store_path):                 # doctest: +SKIP
+    ...     init_process_group(rank, size, store_path)
+    ...     t = torch.ones(1) * rank
+    ...     torch.distributed.all_reduce(t)
+    ...     assert t.item() == size * (size - 1) / 2
+    ...     destroy_process_group()
+    >>> run_spawn(body, 3, timeout=120)
     """
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"nprocs must be an int >= 1, got {nprocs!r}")
