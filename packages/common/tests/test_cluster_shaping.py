@@ -129,7 +129,7 @@ def test_shaped_cluster_reshapes_repairs_and_down_leaves_nothing() -> None:
 @pytest.mark.cluster(session=False)
 def test_command_line_up_with_rate_status_measure() -> None:
     # the commands run under this test's lock (inherited), so no other user's session takes the machine between them
-    lock = cluster._lock(cluster.LOCK_WAIT_S)
+    lock = cluster._session._lock(cluster.LOCK_WAIT_S)
     env = {**os.environ, cluster.LOCK_FD_ENV: str(lock)}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:

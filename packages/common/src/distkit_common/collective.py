@@ -40,6 +40,11 @@ class Group(Protocol):
     Any object with ``rank`` and ``size`` (ints) and a collective
     ``allgather_bytes(data: bytes) -> list[bytes]`` is one; :func:`as_group`
     makes one from an mpi4py communicator or a torch ProcessGroup.
+
+    Parameters
+    ----------
+    *args, **kwargs
+        A Protocol is never instantiated; classes that satisfy it take their own arguments.
     """
 
     @property

@@ -39,7 +39,7 @@ def node_key() -> str:
 
     See Also
     --------
-    node_label : how messages name the node.
+    node_label : How messages name the node.
 
     Examples
     --------
@@ -62,6 +62,6 @@ def node_label() -> str:
 
     See Also
     --------
-    node_key : the key that decides which ranks share a node.
+    node_key : The key that decides which ranks share a node.
     """
     return _native.node_label()

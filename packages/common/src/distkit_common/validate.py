@@ -297,7 +297,7 @@ class Checks:
 
         Parameters
         ----------
-        value : int or numpy.integer
+        value : int or numpy.int64
             The argument.
         name : str
             Argument name for messages.

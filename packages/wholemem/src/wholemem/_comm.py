@@ -31,6 +31,15 @@ class UniqueId:
     """Where to meet: the rendezvous store's address plus a 128-bit random token.
 
     Picklable; broadcast it to every rank by any channel (MPI, a file, ...).
+
+    Parameters
+    ----------
+    host : str
+        Address of the rank that runs the store.
+    port : int
+        The store's port.
+    token : str
+        32 hex digits, the prefix of the communicator's keys.
     """
 
     host: str
