@@ -378,7 +378,7 @@ def tests(session: nox.Session, package: str) -> None:
             list(PACKAGES),
             paths=[str(ROOT / "tools" / "tests")],
             markers="cluster",
-            plugins=("distkit_common.pytest_cluster",),
+            plugins=("distkit_common.testing.pytest_cluster",),
         )
         return
     if package == "integration":
@@ -672,7 +672,13 @@ def _check_wheel(session: nox.Session, wheel: Path, pkg: str, ver: str) -> None:
     imp = PACKAGES[pkg]
     required = [f"{imp}/__init__.py", f"{imp}/py.typed"]
     if pkg == "common":
-        required += ["distkit_common/cmake/distkit_common-config.cmake", "distkit_common/include/distkit/dtype.hpp"]
+        required += [
+            "distkit_common/cmake/distkit_common-config.cmake",
+            "distkit_common/include/distkit/dtype.hpp",
+            # package data of the test harness (the simulated cluster's job settings and launch agent)
+            "distkit_common/testing/cluster/cluster.env",
+            "distkit_common/testing/cluster/cluster_agent.sh",
+        ]
     missing = [r for r in required if r not in names]
     if not any(n.startswith(f"{imp}/_{imp}") and n.endswith(".so") for n in names):
         missing.append(f"{imp}/_{imp}*.so")

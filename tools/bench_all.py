@@ -25,8 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from distkit_common import cluster
-from distkit_common.testing import RunResult, run_cluster, run_mpi
+from distkit_common.testing import RunResult, cluster, run_cluster, run_mpi
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "results"

@@ -51,6 +51,9 @@ import wholemem as wg
 from distkit_common.collective import allgather_json, bcast_json
 from distx_fake import checkpoint, deferred_init
 
+#: mpi4py's world: rendezvous and splits. Three kinds of communicator meet in this job:
+#: mpi4py's ``MPI.Comm``, mpiad's differentiable ``mpiad.MPI_Communicator`` (``world``,
+#: ``dp_comm``) and wholemem's ``wg.WholeMemoryCommunicator`` (``wm_comm``, one per node).
 WORLD = MPI.COMM_WORLD
 
 
@@ -221,7 +224,9 @@ class RecModel(nn.Module):
         return self.head(h)  # local logits [batch, items / tp], tagged split on the last dim
 
 
-def averaged_params(model: nn.Module, world: Any, dp_comm: Any) -> dict[str, torch.Tensor]:
+def averaged_params(
+    model: nn.Module, world: mpiad.MPI_Communicator, dp_comm: mpiad.MPI_Communicator
+) -> dict[str, torch.Tensor]:
     """Every parameter replaced by its average over its replicas, computed inside autograd:
     the backward of Allreduce(SUM) sums the gradients, so each rank's copy gets the mean gradient."""
     out = {}
@@ -232,8 +237,8 @@ def averaged_params(model: nn.Module, world: Any, dp_comm: Any) -> dict[str, tor
 
 
 # --------------------------------------------------------------------------- the job
-def node_communicator() -> Any:
-    """A wholemem communicator of the ranks on this node (a HOST tensor lives in one node's memory).
+def node_communicator() -> wg.WholeMemoryCommunicator:
+    """The wholemem communicator of the ranks on this node (a HOST tensor lives in one node's memory).
 
     The node's first rank starts the rendezvous; its id travels as JSON (never pickled).
     Every member runs on this machine, so the id names the loopback address: the
@@ -418,7 +423,7 @@ def evaluate(
     users: torch.Tensor,
     ctx: torch.Tensor,
     target: torch.Tensor,
-    world: Any,
+    world: mpiad.MPI_Communicator,
 ) -> float:
     """Top-10 accuracy on the held-out clicks (the local logit shards are gathered over the TP group)."""
     with torch.no_grad():

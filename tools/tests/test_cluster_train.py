@@ -14,7 +14,7 @@ import pytest
 
 from distkit_common.testing import run_cluster
 
-pytest_plugins = ["distkit_common.pytest_cluster"]
+pytest_plugins = ["distkit_common.testing.pytest_cluster"]
 pytestmark = pytest.mark.cluster
 
 HOSTS = {"dkh1": [0, 1], "dkh2": [2, 3]}

@@ -10,6 +10,7 @@
 #include "distkit/dtype.hpp"
 #include "distkit/fsio.hpp"
 #include "distkit/half.hpp"
+#include "distkit/node.hpp"
 #include "distkit/parallel.hpp"
 #include "distkit/pybind.hpp"
 #include "distkit/rows_cpu.hpp"
@@ -288,6 +289,10 @@ PYBIND11_MODULE(_distkit_common, m) {
       },
       py::arg("a"), py::arg("b"),
       "Atomically swap two existing paths (renameat2 RENAME_EXCHANGE); False where unsupported.");
+
+  m.attr("NODE_ID_ENV") = kNodeIdEnv;
+  m.def("node_key", &node_key, "Equal on processes that share a node (hostname, boot id, /dev/shm; $DISTKIT_NODE_ID).");
+  m.def("node_label", &node_label, "How messages name this node: its hostname, or 'node <id>' under $DISTKIT_NODE_ID.");
 
   m.def("random_token", &random_token, py::arg("nbytes") = 16, "Hex token of nbytes random bytes (getrandom).");
 

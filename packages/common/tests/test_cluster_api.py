@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from distkit_common import cluster, heartbeat, mpi_p2p, testing
-from distkit_common._cluster_job import placement
-from distkit_common._cluster_rank import is_pytest_file
-from distkit_common.testing import Fault
+from distkit_common import heartbeat, rates, testing
+from distkit_common.testing import Fault, cluster, mpi_p2p
+from distkit_common.testing._cluster_job import placement
+from distkit_common.testing._cluster_rank import is_pytest_file
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ROOT = Path(__file__).resolve().parents[3]
@@ -118,9 +118,15 @@ def test_run_cluster_rejects_bad_arguments_before_touching_the_machine() -> None
     ],
 )
 def test_rates_are_read_in_tc_syntax(rate: str, bits: int, shown: str) -> None:
-    assert cluster.parse_rate(rate) == bits
-    assert cluster.format_rate(bits) == shown
-    assert cluster.parse_rate(shown) == bits
+    assert rates.parse_rate(rate) == bits
+    assert rates.format_rate(bits) == shown
+    assert rates.parse_rate(shown) == bits
+
+
+@pytest.mark.parametrize("bits", [1.5e9, "1gbit", None, True])
+def test_format_rate_refuses_a_non_int(bits: object) -> None:
+    with pytest.raises(TypeError, match=f"bits must be an int, got {type(bits).__name__}"):
+        rates.format_rate(bits)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -139,7 +145,7 @@ def test_rates_are_read_in_tc_syntax(rate: str, bits: int, shown: str) -> None:
 )
 def test_bad_rates_are_rejected_before_touching_the_machine(rate: object, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
-        cluster.parse_rate(rate)  # type: ignore[arg-type]
+        rates.parse_rate(rate)  # type: ignore[arg-type]
     with pytest.raises(error, match=match):
         cluster.up(2, rate=rate)  # type: ignore[arg-type]
     with pytest.raises(error, match=match), cluster.session(2, rate=rate):  # type: ignore[arg-type]
@@ -212,8 +218,8 @@ def test_unavailable_machine_skips_with_one_message(tmp_path: Path) -> None:
     # a machine without namespaces: every cluster test is skipped with the same message, none fails
     (tmp_path / "test_x.py").write_text(
         "import pytest\n"
-        "from distkit_common import cluster\n"
-        "pytest_plugins = ['distkit_common.pytest_cluster']\n"
+        "from distkit_common.testing import cluster\n"
+        "pytest_plugins = ['distkit_common.testing.pytest_cluster']\n"
         "cluster.unavailable_reason = lambda: 'needs root (network namespaces), running as uid 1000'\n"
         "@pytest.mark.cluster\n"
         "def test_a(simulated_cluster):\n    raise AssertionError('must not run')\n"
@@ -415,7 +421,7 @@ def test_mpi_p2p_sizes_results_and_bad_arguments() -> None:
 
 
 def test_plugin_reads_the_session_rate(monkeypatch: pytest.MonkeyPatch) -> None:
-    from distkit_common import pytest_cluster
+    from distkit_common.testing import pytest_cluster
 
     monkeypatch.delenv(pytest_cluster.RATE_ENV, raising=False)
     assert pytest_cluster._rate() is None

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from distkit_common import cluster
-from distkit_common.testing import ClusterResult, Fault, run_cluster
+from distkit_common.testing import ClusterResult, Fault, cluster, run_cluster
 
-pytest_plugins = ["distkit_common.pytest_cluster"]
+pytest_plugins = ["distkit_common.testing.pytest_cluster"]
 pytestmark = pytest.mark.cluster
 
 SCRIPTS = Path(__file__).parent / "scripts"

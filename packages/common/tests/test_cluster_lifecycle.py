@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from distkit_common import cluster
+from distkit_common.testing import cluster
 
-pytest_plugins = ["distkit_common.pytest_cluster"]
+pytest_plugins = ["distkit_common.testing.pytest_cluster"]
 pytestmark = pytest.mark.cluster(session=False)
 
-CLI = Path(cluster.__file__)
+CLI = cluster.CLI
 _SERVER = (
     "import socket\ns = socket.create_server(('0.0.0.0', 0))\nprint(s.getsockname()[1], flush=True)\n"
     "c, a = s.accept()\nprint(a[0], c.recv(64).decode())"
@@ -108,7 +108,7 @@ def test_reaper_removes_the_cluster_of_a_killed_owner() -> None:
         [
             sys.executable,
             "-c",
-            "import time\nfrom distkit_common import cluster\n"
+            "import time\nfrom distkit_common.testing import cluster\n"
             "with cluster.session(2):\n    print('UP', flush=True)\n    time.sleep(600)\n",
         ],
         stdout=subprocess.PIPE,

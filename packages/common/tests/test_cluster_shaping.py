@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from distkit_common import cluster
-from distkit_common.testing import measure_mpi_sendrecv
+from distkit_common.rates import parse_rate
+from distkit_common.testing import cluster, measure_mpi_sendrecv
 
-pytest_plugins = ["distkit_common.pytest_cluster"]
+pytest_plugins = ["distkit_common.testing.pytest_cluster"]
 
-CLI = Path(cluster.__file__)
+CLI = cluster.CLI
 TOLERANCE = 0.15
 
 
@@ -49,7 +49,7 @@ def test_shaped_links_limit_a_tcp_stream_in_both_directions(simulated_cluster: c
     outer = cluster.current()
     assert outer is not None and outer == simulated_cluster  # unshaped unless $DISTKIT_CLUSTER_RATE says otherwise
     for rate, src, dst in (("100mbit", "dkh1", "dkh2"), ("1gbit", "dkh2", "dkh1")):
-        bits = cluster.parse_rate(rate)
+        bits = parse_rate(rate)
         with cluster.session(2, rate=rate) as c:  # nested in the plugin's session: re-shapes its cluster
             assert c.rate == bits and c.hosts == outer.hosts
             assert cluster.active() == c and cluster.current() == c
@@ -129,7 +129,7 @@ def test_shaped_cluster_reshapes_repairs_and_down_leaves_nothing() -> None:
 @pytest.mark.cluster(session=False)
 def test_command_line_up_with_rate_status_measure() -> None:
     # the commands run under this test's lock (inherited), so no other user's session takes the machine between them
-    lock = cluster._lock(cluster.LOCK_WAIT_S)
+    lock = cluster._session._lock(cluster.LOCK_WAIT_S)
     env = {**os.environ, cluster.LOCK_FD_ENV: str(lock)}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 import distkit_common
-from distkit_common import dtypes, testing, validate
+from distkit_common import dtypes, node, testing, validate
 from distkit_common._distkit_common import version as native_version
 from distkit_common.launch import LaunchInfo, launch_info
 
@@ -71,6 +72,9 @@ def test_dtype_codes_match_native_numbering() -> None:
         dtypes.code_of(torch.float8_e4m3fn)
     with pytest.raises(TypeError, match="not a dtype"):
         dtypes.code_of(object())
+    with pytest.raises(TypeError, match="unknown dtype code 99"):
+        dtypes.torch_dtype(99)
+    assert dtypes.torch_dtype("half") == torch.float16
 
 
 def test_check_tensor() -> None:
@@ -135,17 +139,17 @@ def test_run_mpi_fails_on_nonzero_exit() -> None:
 def test_failure_report_keeps_the_first_traceback_of_a_long_output() -> None:
     """A long stderr is cut to its end plus its first traceback (the root cause among many ranks)."""
     short = "Traceback (most recent call last):\nValueError: x\n"
-    assert testing._tail(short) == short
+    assert testing._process._tail(short) == short
     cause = "[rank2]: Traceback (most recent call last):\n[rank2]: ValueError: the cause\n"
     noise = "".join(f"[rank{r}]: RuntimeError: Connection closed by peer\n" for r in range(1000))
-    out = testing._tail("launcher says hello\n" + cause + noise, 6000)
+    out = testing._process._tail("launcher says hello\n" + cause + noise, 6000)
     assert len(out) < 6100
     assert out.startswith("... (the first traceback)\n[rank2]: Traceback") and "ValueError: the cause" in out
     assert out.endswith("[rank999]: RuntimeError: Connection closed by peer\n")
     # no traceback, or only within the end: just the end
-    assert testing._tail(noise, 6000) == "...\n" + noise[-6000:]
+    assert testing._process._tail(noise, 6000) == "...\n" + noise[-6000:]
     late = noise + cause
-    assert testing._tail(late, 6000) == "...\n" + late[-6000:]
+    assert testing._process._tail(late, 6000) == "...\n" + late[-6000:]
 
 
 def test_run_mpi_kills_a_hung_job_and_reaps_it() -> None:
@@ -258,3 +262,21 @@ def test_mpiexec_command_honours_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert testing.mpiexec_command(4) == ["srun", "--mpi=pmix", "-n", "4"]
     with pytest.raises(ValueError, match="nprocs must be >= 1"):
         testing.mpiexec_command(0)
+
+
+def test_node_key_is_hostname_boot_id_and_shm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(node.NODE_ID_ENV, raising=False)
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    st = os.stat("/dev/shm")
+    assert node.node_key() == f"{socket.gethostname()}/{boot}/{st.st_dev}:{st.st_ino}"
+    assert node.node_label() == socket.gethostname()
+    monkeypatch.setenv(node.NODE_ID_ENV, "")  # empty: as if unset
+    assert node.node_key() == f"{socket.gethostname()}/{boot}/{st.st_dev}:{st.st_ino}"
+
+
+def test_node_id_switch_replaces_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert node.NODE_ID_ENV == "DISTKIT_NODE_ID"
+    monkeypatch.setenv("DISTKIT_NODE_ID", "rack2/a")
+    assert (node.node_key(), node.node_label()) == ("override/rack2/a", "node rack2/a")
+    monkeypatch.setenv("DISTKIT_NODE_ID", "b")  # read on every call (tests set it per rank)
+    assert (node.node_key(), node.node_label()) == ("override/b", "node b")

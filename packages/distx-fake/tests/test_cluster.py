@@ -19,7 +19,7 @@ from distkit_common import fsio
 from distkit_common.testing import ClusterResult, Fault, run_cluster
 from distx_fake import checkpoint as cp
 
-pytest_plugins = ["distkit_common.pytest_cluster"]
+pytest_plugins = ["distkit_common.testing.pytest_cluster"]
 pytestmark = pytest.mark.cluster
 
 JOB = Path(__file__).parent / "scripts" / "cluster_ckpt.py"

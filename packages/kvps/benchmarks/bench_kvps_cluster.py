@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: link rates: tc's rate for every host's link (``distkit_common.cluster.session(n, rate)``), or None (unshaped)
+#: link rates: tc's rate for every host's link (``distkit_common.testing.cluster.session(n, rate)``), or None (unshaped)
 RATES: dict[str, str | None] = {"100mbit": "100mbit", "1gbit": "1gbit", "10gbit": "10gbit", "unshaped": None}
 WORKLOADS = ("mf", "kge", "w2v", "zipf")
 HOSTS = (2, 4)
@@ -132,8 +132,7 @@ def driver(argv: Sequence[str]) -> int:
     if not a.budget > 0:
         p.error(f"--budget must be positive, got {a.budget}")
 
-    from distkit_common import cluster
-    from distkit_common.testing import run_cluster
+    from distkit_common.testing import cluster, run_cluster
 
     reason = cluster.unavailable_reason()
     if reason:
@@ -183,8 +182,7 @@ def bench_line(name: str, value: float, **detail: float) -> str:
 def link_bound(rate: str) -> None:
     """The link between dkh1 and dkh2 at ``rate``: one TCP stream for 2 s (``cluster.measure_tcp``) and
     ``MPI_Sendrecv`` of 4 MiB each way (``testing.measure_mpi_sendrecv``), printed as BENCH lines in Mbit/s."""
-    from distkit_common import cluster
-    from distkit_common.testing import measure_mpi_sendrecv
+    from distkit_common.testing import cluster, measure_mpi_sendrecv
 
     tcp = cluster.measure_tcp(1, 2)
     print(bench_line(f"link at {rate}: one TCP stream dkh1 -> dkh2, payload", 8 * tcp / 1e6), flush=True)

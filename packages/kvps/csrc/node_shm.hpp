@@ -27,6 +27,7 @@
 
 #include "distkit/error.hpp"
 #include "distkit/mpi.hpp"
+#include "distkit/node.hpp"
 #include "distkit/shm.hpp"
 #include "store.hpp"
 
@@ -66,16 +67,13 @@ class NodeShm {
     rank_ = rank;
     size_ = size;
     const size_t mbytes = (meta_bytes + 4095) / 4096 * 4096;
-    MPI_Comm node;
-    distkit::mpi::check(MPI_Comm_split_type(coll, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
+    // the ranks MPI places on one machine that distkit-common also puts on one node
+    // (distkit::node_key: hostname, boot id, /dev/shm; $DISTKIT_NODE_ID in tests)
+    MPI_Comm shared;
+    distkit::mpi::check(MPI_Comm_split_type(coll, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shared),
                         "MPI_Comm_split_type");
-    if (const char* sim = std::getenv("KVPS_NODE_ID")) {
-      // ranks with different ids act as if on different nodes (tests, measurements)
-      MPI_Comm sub;
-      distkit::mpi::check(MPI_Comm_split(node, std::atoi(sim), rank, &sub), "MPI_Comm_split");
-      MPI_Comm_free(&node);
-      node = sub;
-    }
+    MPI_Comm node = distkit::mpi::split_by_key(shared, distkit::node_key());
+    MPI_Comm_free(&shared);
     int nsize = 0;
     MPI_Comm_size(node, &nsize);
     one_node_ = nsize == size;

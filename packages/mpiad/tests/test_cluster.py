@@ -16,7 +16,7 @@ import pytest
 
 from distkit_common.testing import ClusterResult, Fault, run_cluster
 
-pytest_plugins = ["distkit_common.pytest_cluster"]
+pytest_plugins = ["distkit_common.testing.pytest_cluster"]
 pytestmark = pytest.mark.cluster
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -62,7 +62,7 @@ def test_rank_suite_across_hosts() -> None:
 
 # Faults in mpiad's typical loop (DataParallel): the job must end on every host within
 # 30 s of the fault (run_cluster asserts it) with an error naming the lost rank or host.
-# What makes it end is Open MPI's runtime with the settings of distkit_common/cluster.env
+# What makes it end is Open MPI's runtime with the settings of distkit_common/testing/cluster/cluster.env
 # (docs/packages/mpiad/guide.md, "Running on a cluster"): mpiad's worker thread blocks in MPI like any
 # MPI call, and the job is ended by mpiexec.
 

@@ -16,7 +16,7 @@ import pytest
 
 from distkit_common.testing import ClusterResult, Fault, run_cluster
 
-pytest_plugins = ["distkit_common.pytest_cluster"]
+pytest_plugins = ["distkit_common.testing.pytest_cluster"]
 pytestmark = pytest.mark.cluster
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -74,7 +74,7 @@ def labels_of(nodes: torch.Tensor, classes: int) -> torch.Tensor:
     return (nodes * 2654435761 % (1 << 32)) % classes
 
 
-def make_data(comm: wg.Communicator, args: argparse.Namespace) -> tuple[wg.GraphStructure, Any, Any]:
+def make_data(comm: wg.WholeMemoryCommunicator, args: argparse.Namespace) -> tuple[wg.GraphStructure, Any, Any]:
     """Collective: the graph, features and labels in HOST wholemem tensors."""
     n, c = args.nodes, args.classes
     first, count, _, _ = wg.get_partition_plan(comm, n)

@@ -35,7 +35,7 @@ def emit(name: str, ratio: float, goal: str, met: bool | None, unit: str = "x", 
     print("BENCH " + json.dumps(row), flush=True)
 
 
-def make_graph(comm: wg.Communicator) -> wg.GraphStructure:
+def make_graph(comm: wg.WholeMemoryCommunicator) -> wg.GraphStructure:
     gen = torch.Generator().manual_seed(0)
     deg = torch.randint(1, MAX_DEGREE, (NODES,), generator=gen)
     row_ptr = wg.create_wm_tensor(comm, [NODES + 1], [], torch.int64, wg.WmTensorType.HOST)

@@ -13,7 +13,7 @@ import wholemem as wg
 
 
 @pytest.fixture
-def comm() -> Iterator[wg.Communicator]:
+def comm() -> Iterator[wg.WholeMemoryCommunicator]:
     """A one-rank communicator in the test process."""
     wg.init_lib()
     c = wg.create_communicator(1, wg.get_unique_id(), 0)

@@ -19,7 +19,7 @@ GPU = bool(_wholemem.cuda_compiled() and torch.cuda.is_available() and _wholemem
 
 
 @pytest.mark.parametrize("ty", TYPES)
-def test_bad_indices(comm: wg.Communicator, ty: wg.WmTensorType) -> None:
+def test_bad_indices(comm: wg.WholeMemoryCommunicator, ty: wg.WmTensorType) -> None:
     t = wg.create_wm_tensor(comm, [10, 3], [], torch.float32, ty)
     with pytest.raises(IndexError, match="10"):
         wg.gather(t, torch.tensor([1, 10]))
@@ -67,7 +67,7 @@ def test_bad_indices(comm: wg.Communicator, ty: wg.WmTensorType) -> None:
 
 
 @pytest.mark.parametrize("ty", TYPES)
-def test_bad_values_and_out(comm: wg.Communicator, ty: wg.WmTensorType) -> None:
+def test_bad_values_and_out(comm: wg.WholeMemoryCommunicator, ty: wg.WmTensorType) -> None:
     t = wg.create_wm_tensor(comm, [10, 3], [], torch.float32, ty)
     idx = torch.tensor([1, 2])
     with pytest.raises(TypeError, match="float32"):
@@ -86,7 +86,7 @@ def test_bad_values_and_out(comm: wg.Communicator, ty: wg.WmTensorType) -> None:
     assert torch.equal(wg.gather(t, torch.arange(10)), torch.zeros(10, 3))
 
 
-def test_bad_create_arguments(comm: wg.Communicator) -> None:
+def test_bad_create_arguments(comm: wg.WholeMemoryCommunicator) -> None:
     with pytest.raises(TypeError, match="dtype"):
         wg.create_wm_tensor(comm, [4], [], torch.complex64, T.HOST)
     with pytest.raises(TypeError, match="WmTensorType"):
@@ -101,7 +101,7 @@ def test_bad_create_arguments(comm: wg.Communicator) -> None:
         wg.create_wm_tensor(comm, [4, 3], [2, 1], torch.float32, T.NCCL)
     with pytest.raises(ValueError, match=">= 1"):
         wg.create_wm_tensor(comm, [4, 3], [0, 1], torch.float32, T.HOST)
-    with pytest.raises(TypeError, match="Communicator"):
+    with pytest.raises(TypeError, match="WholeMemoryCommunicator"):
         wg.create_wm_tensor(None, [4], [], torch.float32, T.HOST)  # type: ignore[arg-type]
     if GPU:
         d = wg.create_wm_tensor(comm, [4], [], torch.float32, T.DEVICE)
@@ -111,7 +111,7 @@ def test_bad_create_arguments(comm: wg.Communicator) -> None:
             wg.create_wm_tensor(comm, [4], [], torch.float32, T.DEVICE)
 
 
-def test_views_and_local(comm: wg.Communicator) -> None:
+def test_views_and_local(comm: wg.WholeMemoryCommunicator) -> None:
     t = wg.create_wm_tensor(comm, [10, 4], [], torch.float32, T.CHUNKED)
     with pytest.raises(ValueError, match="range"):
         wg.get_sub_tensor(t, [0], [11])
@@ -183,7 +183,7 @@ def test_use_after_finalize(tmp_path: Path) -> None:
         wg.create_wm_tensor(comm, [4], [], torch.float32, T.HOST)
 
 
-def test_files_bad_input(comm: wg.Communicator, tmp_path: Path) -> None:
+def test_files_bad_input(comm: wg.WholeMemoryCommunicator, tmp_path: Path) -> None:
     t = wg.create_wm_tensor(comm, [6, 2], [], torch.float32, T.NCCL)
     wg.scatter(t, torch.arange(6), torch.arange(12.0).reshape(6, 2))
     files = wg.store_to_files(t, tmp_path / "a", num_parts=4)
@@ -207,7 +207,7 @@ def test_files_bad_input(comm: wg.Communicator, tmp_path: Path) -> None:
     assert torch.equal(ok, torch.arange(12.0).reshape(6, 2))
 
 
-def test_embedding_bad_input(comm: wg.Communicator) -> None:
+def test_embedding_bad_input(comm: wg.WholeMemoryCommunicator) -> None:
     with pytest.raises(TypeError, match="floating"):
         wg.Embedding(comm, 4, 2, dtype=torch.int32)
     with pytest.raises(TypeError, match="optimizer"):
@@ -231,7 +231,7 @@ def test_embedding_bad_input(comm: wg.Communicator) -> None:
     assert torch.equal(emb.weight, again.weight) and emb.weight.abs().sum() > 0
 
 
-def test_plain_tensors_and_strides(comm: wg.Communicator) -> None:
+def test_plain_tensors_and_strides(comm: wg.WholeMemoryCommunicator) -> None:
     # gather / scatter also work on any CPU tensor, strided or not
     base = torch.arange(30.0).reshape(6, 5)
     view = base[:, 1:4]
@@ -252,7 +252,7 @@ def test_plain_tensors_and_strides(comm: wg.Communicator) -> None:
         wg.create_wm_tensor(comm, [4, 2, 3], [6, 1, 2], torch.float32, T.HOST)
 
 
-def test_host_tensor_is_a_normal_tensor(comm: wg.Communicator, tmp_path: Path) -> None:
+def test_host_tensor_is_a_normal_tensor(comm: wg.WholeMemoryCommunicator, tmp_path: Path) -> None:
     import copy
 
     h = wg.create_wm_tensor(comm, [4, 2], [], torch.float32, T.HOST)
@@ -267,7 +267,7 @@ def test_host_tensor_is_a_normal_tensor(comm: wg.Communicator, tmp_path: Path) -
         wg.get_partition_plan(c)
 
 
-def test_original_api_spellings(comm: wg.Communicator) -> None:
+def test_original_api_spellings(comm: wg.WholeMemoryCommunicator) -> None:
     # create_wm_tensor(wm_comm, sizes, strides=[], tensor_dtype=torch.float32, wm_tensor_type=CHUNKED)
     t = wg.create_wm_tensor(comm, [6, 3])
     assert isinstance(t, wg.ChunkedTensor) and t.dtype == torch.float32 and t.stride() == (3, 1)
@@ -312,7 +312,7 @@ def test_original_api_spellings(comm: wg.Communicator) -> None:
     with pytest.raises(TypeError, match="plain"):
         wg.get_wm_communicator(torch.zeros(2))
     for fn in (wg.get_rank, wg.get_size, wg.barrier, wg.destroy_communicator):
-        with pytest.raises(TypeError, match="Communicator"):
+        with pytest.raises(TypeError, match="WholeMemoryCommunicator"):
             fn(3)
     # the original's optimizer defaults: Adagrad eps 1e-8, LazyAdam (0.9, 0.999, 1e-8), RMSProp (0.99, 1e-8)
     assert wg.Adagrad().eps == 1e-8 and wg.RMSProp().eps == 1e-8 and wg.RMSProp().alpha == 0.99
@@ -322,7 +322,7 @@ def test_original_api_spellings(comm: wg.Communicator) -> None:
         wg.get_size(comm)
 
 
-def test_wholegraph_file_lists(comm: wg.Communicator, tmp_path: Path) -> None:
+def test_wholegraph_file_lists(comm: wg.WholeMemoryCommunicator, tmp_path: Path) -> None:
     # <prefix>_part_<i>_of_<n> parts, not aligned with the ranks' rows, in part order (not name order)
     data = torch.arange(24, dtype=torch.int32).reshape(12, 2)
     for i, (a, b) in enumerate(((0, 1), (1, 10), (10, 11), (11, 12))):

@@ -15,7 +15,7 @@ import pytest
 
 from distkit_common.testing import ClusterResult, Fault, run_cluster
 
-pytest_plugins = ["distkit_common.pytest_cluster"]
+pytest_plugins = ["distkit_common.testing.pytest_cluster"]
 pytestmark = pytest.mark.cluster
 
 HERE = Path(__file__).parent

@@ -23,7 +23,7 @@ NO_GPU = not torch.cuda.is_available() or _wholemem.cuda_device_count() == 0
 
 
 @pytest.mark.skipif(not NO_GPU, reason="a GPU is visible")
-def test_gpu_requests_raise_clearly_without_a_gpu(comm: wg.Communicator) -> None:
+def test_gpu_requests_raise_clearly_without_a_gpu(comm: wg.WholeMemoryCommunicator) -> None:
     for ty in (T.HOST, T.CHUNKED, T.NCCL, T.DEVICE):
         for dev in ("cuda", "cuda:0", torch.device("cuda", 1)):
             with pytest.raises(RuntimeError, match=r"needs a CUDA GPU, and none is visible"):
@@ -61,7 +61,9 @@ def _encode(rows: torch.Tensor, ncols: int, dtype: torch.dtype) -> torch.Tensor:
 
 @pytest.mark.parametrize("ty", [T.CHUNKED, T.NCCL])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.int64])
-def test_gpu_tensor_paths_on_host_memory(comm: wg.Communicator, fake_gpu: Any, ty: Any, dtype: torch.dtype) -> None:
+def test_gpu_tensor_paths_on_host_memory(
+    comm: wg.WholeMemoryCommunicator, fake_gpu: Any, ty: Any, dtype: torch.dtype
+) -> None:
     t = wg.create_wm_tensor(comm, [9, 4], [6, 1], dtype, ty, device="cuda")
     assert t.is_gpu and isinstance(t, wg.ChunkedTensor if ty is T.CHUNKED else wg.NCCLTensor)
     assert tuple(t.stride) == (6, 1) and t.dtype == dtype
@@ -134,7 +136,7 @@ def test_device_binding_policy() -> None:
         pick_device(0, 0, 0, False)
 
 
-def test_device_binding_from_launcher(comm: wg.Communicator, make_fake_gpu: Any, monkeypatch: Any) -> None:
+def test_device_binding_from_launcher(comm: wg.WholeMemoryCommunicator, make_fake_gpu: Any, monkeypatch: Any) -> None:
     from wholemem import _binding
 
     be = make_fake_gpu(count=4)
@@ -157,7 +159,7 @@ def test_device_binding_from_launcher(comm: wg.Communicator, make_fake_gpu: Any,
     assert _binding.local_rank(comm) == comm.local_rank == 0  # no launcher: the communicator's
 
 
-def test_barrier_synchronises_every_used_device(comm: wg.Communicator, fake_gpu: Any) -> None:
+def test_barrier_synchronises_every_used_device(comm: wg.WholeMemoryCommunicator, fake_gpu: Any) -> None:
     # torch never initialised CUDA here (the fake says so): the barrier still waits for
     # the devices wholemem used, through the extension's own runtime calls
     assert fake_gpu.current_device() == (0, False)
@@ -168,7 +170,7 @@ def test_barrier_synchronises_every_used_device(comm: wg.Communicator, fake_gpu:
     assert fake_gpu.synced == [torch.device("cpu")]  # the fake's "device"
 
 
-def test_views_share_the_base_table(comm: wg.Communicator, fake_gpu: Any) -> None:
+def test_views_share_the_base_table(comm: wg.WholeMemoryCommunicator, fake_gpu: Any) -> None:
     for ty in (T.CHUNKED, T.NCCL):
         for dev in ("cpu", "cuda"):
             t = wg.create_wm_tensor(comm, [10, 6], [], torch.int32, ty, device=dev)
@@ -183,7 +185,7 @@ def test_views_share_the_base_table(comm: wg.Communicator, fake_gpu: Any) -> Non
                 wg.gather(subsub, torch.tensor([2]))
 
 
-def test_host_and_chunked_cuda_views(comm: wg.Communicator, fake_gpu: Any) -> None:
+def test_host_and_chunked_cuda_views(comm: wg.WholeMemoryCommunicator, fake_gpu: Any) -> None:
     h = wg.create_wm_tensor(comm, [6, 3], [4, 1], torch.float32, T.HOST)
     h.copy_(torch.arange(18.0).reshape(6, 3))
     v = wg.get_tensor_view(h, "cuda")
@@ -220,7 +222,7 @@ def test_host_and_chunked_cuda_views(comm: wg.Communicator, fake_gpu: Any) -> No
         wg.get_tensor_view(torch.zeros(3), "cuda")
 
 
-def test_non_cpu_plain_tensor_checks(comm: wg.Communicator) -> None:
+def test_non_cpu_plain_tensor_checks(comm: wg.WholeMemoryCommunicator) -> None:
     # DEVICE tensors and CUDA views of HOST tensors are plain device tensors; the 'meta'
     # device stands in for CUDA here: the same checks run before torch's kernels
     t = torch.empty(10, 3, device="meta")
@@ -239,7 +241,7 @@ def test_non_cpu_plain_tensor_checks(comm: wg.Communicator) -> None:
         wg.gather(t, torch.tensor([1]), out=torch.empty(2, 3, device="meta"))
 
 
-def test_gpu_tensor_files(comm: wg.Communicator, fake_gpu: Any, tmp_path: Any) -> None:
+def test_gpu_tensor_files(comm: wg.WholeMemoryCommunicator, fake_gpu: Any, tmp_path: Any) -> None:
     # store from a GPU-resident tensor, load into a host one and back into another GPU type
     data = torch.arange(30, dtype=torch.int32).reshape(10, 3)
     g = wg.create_wm_tensor(comm, [10, 3], [], torch.int32, T.CHUNKED, device="cuda")
@@ -263,7 +265,7 @@ def test_gpu_tensor_files(comm: wg.Communicator, fake_gpu: Any, tmp_path: Any) -
 
 
 @pytest.mark.parametrize("ty", [T.CHUNKED, T.NCCL, T.DEVICE])
-def test_gpu_embedding_routing(comm: wg.Communicator, fake_gpu: Any, ty: Any, monkeypatch: Any) -> None:
+def test_gpu_embedding_routing(comm: wg.WholeMemoryCommunicator, fake_gpu: Any, ty: Any, monkeypatch: Any) -> None:
     # a GPU-resident table follows the host table step for step (same kernels underneath here)
     opt = wg.LazyAdam(lr=0.05)
     ref = wg.Embedding(comm, 12, 3, optimizer=opt, tensor_type=T.HOST if ty is T.DEVICE else ty, seed=3)

@@ -15,14 +15,14 @@ pytestmark = [
 ]
 
 
-def random_graph(comm: wg.Communicator) -> wg.GraphStructure:
+def random_graph(comm: wg.WholeMemoryCommunicator) -> wg.GraphStructure:
     gen = torch.Generator().manual_seed(0)
     src, dst = torch.randint(0, 2000, (40_000,), generator=gen), torch.randint(0, 2000, (40_000,), generator=gen)
     w = torch.rand(40_000, generator=gen, dtype=torch.float64)
     return wg.GraphStructure.from_edge_list(comm, src, dst, 2000, edge_weight=w, tensor_type=wg.WmTensorType.HOST)
 
 
-def test_kernels_sample_as_the_cpu(comm: wg.Communicator) -> None:
+def test_kernels_sample_as_the_cpu(comm: wg.WholeMemoryCommunicator) -> None:
     g = random_graph(comm)
     centers = torch.randint(0, 2000, (5000,), generator=torch.Generator().manual_seed(1))
     views = {
@@ -48,7 +48,7 @@ def test_kernels_sample_as_the_cpu(comm: wg.Communicator) -> None:
             assert differ <= centers.numel() // 1000, (name, k, differ)
 
 
-def test_append_unique_and_loader_on_gpu(comm: wg.Communicator) -> None:
+def test_append_unique_and_loader_on_gpu(comm: wg.WholeMemoryCommunicator) -> None:
     from wholemem.pyg import sample_subgraph
 
     g = random_graph(comm)

@@ -223,7 +223,7 @@ def test_unseeded_calls_follow_torch_manual_seed() -> None:
 
 
 @pytest.mark.parametrize("tensor_type", [T.HOST, T.CHUNKED, T.NCCL])
-def test_every_tensor_type_samples_alike(comm: wg.Communicator, tensor_type: wg.WmTensorType) -> None:
+def test_every_tensor_type_samples_alike(comm: wg.WholeMemoryCommunicator, tensor_type: wg.WmTensorType) -> None:
     ref = random_graph()
     gen = torch.Generator().manual_seed(0)
     src, dst = torch.randint(0, 300, (6000,), generator=gen), torch.randint(0, 300, (6000,), generator=gen)

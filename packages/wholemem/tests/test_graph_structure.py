@@ -92,7 +92,7 @@ def test_from_edge_list_matches_reference(flags: dict[str, bool]) -> None:
 @pytest.mark.parametrize("tensor_type", [T.HOST, T.CHUNKED, T.NCCL])
 @pytest.mark.parametrize("col_dtype", [torch.int32, torch.int64])
 def test_shared_types_equal_private_build(
-    comm: wg.Communicator, tensor_type: wg.WmTensorType, col_dtype: torch.dtype
+    comm: wg.WholeMemoryCommunicator, tensor_type: wg.WmTensorType, col_dtype: torch.dtype
 ) -> None:
     gen = torch.Generator().manual_seed(2)
     src, dst = torch.randint(0, 50, (400,), generator=gen), torch.randint(0, 50, (400,), generator=gen)
@@ -113,7 +113,7 @@ def test_shared_types_equal_private_build(
     assert torch.equal(wg.gather(g.csr_col_ind, torch.arange(g.edge_count)).long(), ref.csr_col_ind)
 
 
-def test_empty_graphs(comm: wg.Communicator) -> None:
+def test_empty_graphs(comm: wg.WholeMemoryCommunicator) -> None:
     g = wg.GraphStructure.from_edge_list(comm, torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64), 3)
     assert g.csr_row_ptr.tolist() == [0, 0, 0, 0] and g.edge_count == 0
     off, dest = wg.unweighted_sample_without_replacement(g, torch.tensor([2, 0]), 4)
@@ -148,7 +148,7 @@ def test_set_csr_graph_checks_content() -> None:
     assert (g.node_count, g.edge_count, g.tensor_type) == (3, 3, "private")
 
 
-def test_csr_check_on_wholemem_tensors(comm: wg.Communicator) -> None:
+def test_csr_check_on_wholemem_tensors(comm: wg.WholeMemoryCommunicator) -> None:
     for ty in (T.HOST, T.CHUNKED, T.NCCL):
         rp = wg.create_wm_tensor(comm, [4], [], torch.int64, ty)
         col = wg.create_wm_tensor(comm, [3], [], torch.int64, ty)
@@ -186,7 +186,7 @@ def test_attributes() -> None:
         wg.GraphStructure().set_node_attribute("x", torch.zeros(1))
 
 
-def test_from_edge_list_bad_input(comm: wg.Communicator) -> None:
+def test_from_edge_list_bad_input(comm: wg.WholeMemoryCommunicator) -> None:
     s, d = torch.tensor([0, 1]), torch.tensor([1, 2])
     f = wg.GraphStructure.from_edge_list
     with pytest.raises(IndexError, match=r"dst\[1\] = 2 is out of range \[0, 2\)"):
@@ -241,7 +241,7 @@ def test_multilayer_sample_is_pylibwholegraph_shaped() -> None:
 # -- files --------------------------------------------------------------------------------
 
 
-def test_save_and_load(comm: wg.Communicator, tmp_path: Path) -> None:
+def test_save_and_load(comm: wg.WholeMemoryCommunicator, tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(6)
     src, dst = torch.randint(0, 30, (200,), generator=gen), torch.randint(0, 30, (200,), generator=gen)
     w, feats = torch.rand(200, generator=gen), torch.randn(200, 3, generator=gen)
@@ -278,7 +278,7 @@ def test_save_and_load(comm: wg.Communicator, tmp_path: Path) -> None:
         wg.GraphStructure.from_edge_list(None, src, dst, 30).save(tmp_path / "private")
 
 
-def test_load_refuses_bad_files(comm: wg.Communicator, tmp_path: Path) -> None:
+def test_load_refuses_bad_files(comm: wg.WholeMemoryCommunicator, tmp_path: Path) -> None:
     g = wg.GraphStructure.from_edge_list(comm, torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3, tensor_type=T.HOST)
     d = tmp_path / "g"
     g.save(d)
@@ -315,7 +315,7 @@ def test_load_refuses_bad_files(comm: wg.Communicator, tmp_path: Path) -> None:
         wg.GraphStructure.load(comm, d)
 
 
-def test_from_wholegraph_files(comm: wg.Communicator, tmp_path: Path) -> None:
+def test_from_wholegraph_files(comm: wg.WholeMemoryCommunicator, tmp_path: Path) -> None:
     rp = np.array([0, 2, 3, 3, 5], dtype=np.int64)
     col = np.array([1, 3, 0, 2, 1], dtype=np.int32)
     w = np.array([1, 2, 3, 4, 5], dtype=np.float32)
@@ -339,7 +339,7 @@ def test_from_wholegraph_files(comm: wg.Communicator, tmp_path: Path) -> None:
         wg.GraphStructure.from_files(comm, tmp_path / "row_ptr", tmp_path / "col", weight_dtype=torch.int32)
 
 
-def test_view_and_multilayer_bad_input(comm: wg.Communicator) -> None:
+def test_view_and_multilayer_bad_input(comm: wg.WholeMemoryCommunicator) -> None:
     src, dst = torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0])
     private = wg.GraphStructure.from_edge_list(None, src, dst, 3)
     assert private.view("cpu").csr_col_ind is private.csr_col_ind

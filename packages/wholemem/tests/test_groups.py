@@ -19,7 +19,7 @@ def _groups_body(rank: int, size: int, store: str) -> None:
     import torch.distributed as dist
 
     # three ranks on two simulated nodes: ranks 0, 2 on node "a", rank 1 on node "b"
-    os.environ["WHOLEMEM_NODE_ID"] = "a" if rank in (0, 2) else "b"
+    os.environ["DISTKIT_NODE_ID"] = "a" if rank in (0, 2) else "b"
     init_process_group(rank, size, store)
     wg.init_lib()
     world = wg.get_global_communicator()
@@ -85,9 +85,9 @@ def test_group_functions_bad_input() -> None:
             wg.get_global_communicator()
         with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
             wg.get_local_node_communicator()
-        with pytest.raises(TypeError, match="comm must be a wholemem.Communicator"):
+        with pytest.raises(TypeError, match="comm must be a wholemem.WholeMemoryCommunicator"):
             wg.get_local_node_communicator("world")  # type: ignore[arg-type]
-        with pytest.raises(TypeError, match="comm must be a wholemem.Communicator"):
+        with pytest.raises(TypeError, match="comm must be a wholemem.WholeMemoryCommunicator"):
             wg.split_communicator(None, 0)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="group_size"):
             wg.create_group_communicator(2.0)  # type: ignore[arg-type]

@@ -142,7 +142,7 @@ def test_prefetching_changes_nothing_and_seeds_reproduce() -> None:
     assert len(dropped) == 2 and [b.batch_size for b in dropped] == [50, 50]
 
 
-def test_embedding_features_train(comm: wg.Communicator) -> None:
+def test_embedding_features_train(comm: wg.WholeMemoryCommunicator) -> None:
     g = random_graph()
     emb = wg.Embedding(comm, 120, 4, optimizer=wg.SGD(lr=0.5), tensor_type=T.CHUNKED)
     feats = wg.create_wm_tensor(comm, [120, 3], [], torch.float32, T.HOST)
@@ -230,7 +230,7 @@ def test_loader_bad_input() -> None:
 # -- stores -------------------------------------------------------------------------------
 
 
-def test_feature_store_private_and_shared(comm: wg.Communicator) -> None:
+def test_feature_store_private_and_shared(comm: wg.WholeMemoryCommunicator) -> None:
     x = torch.randn(10, 3)
     fs = pyg.WholeFeatureStore()
     assert fs.put_tensor(x, group_name=None, attr_name="x", index=None)
@@ -262,7 +262,7 @@ def test_feature_store_private_and_shared(comm: wg.Communicator) -> None:
     assert torch.equal(got[0], x[idx]) and got[1].shape == (3, 2)
 
 
-def test_feature_store_bad_input(comm: wg.Communicator) -> None:
+def test_feature_store_bad_input(comm: wg.WholeMemoryCommunicator) -> None:
     fs = pyg.WholeFeatureStore(comm)
     fs.put_tensor(torch.randn(5, 2), group_name=None, attr_name="x", index=None)
     with pytest.raises(IndexError, match=r"index\[1\] = 5 is out of range \[0, 5\)"):

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "dtype.hpp"
 #include "error.hpp"
@@ -53,6 +54,31 @@ inline MPI_Comm comm_from_handle(uintptr_t h) {
     std::memcpy(&c, &v, sizeof(c));
   }
   return c;
+}
+
+/// Split `comm` into the groups of ranks whose `key` is equal (every rank passes its own;
+/// collective). The group of a key is named by its lowest rank; ranks keep their order.
+/// The caller frees the communicator returned.
+inline MPI_Comm split_by_key(MPI_Comm comm, const std::string& key) {
+  int rank = 0, size = 0;
+  check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  check(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  const int len = static_cast<int>(key.size());
+  std::vector<int> lens(static_cast<size_t>(size)), offs(static_cast<size_t>(size) + 1, 0);
+  check(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm), "MPI_Allgather");
+  for (int r = 0; r < size; ++r) offs[r + 1] = offs[r] + lens[r];
+  std::string all(static_cast<size_t>(offs[size]), '\0');
+  check(MPI_Allgatherv(key.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, comm),
+        "MPI_Allgatherv");
+  int color = rank;
+  for (int r = 0; r < rank; ++r)
+    if (lens[r] == len && all.compare(offs[r], lens[r], key) == 0) {
+      color = r;
+      break;
+    }
+  MPI_Comm out;
+  check(MPI_Comm_split(comm, color, rank, &out), "MPI_Comm_split");
+  return out;
 }
 
 /// MPI_Get_library_version as a string (tells which libmpi the extension runs on).

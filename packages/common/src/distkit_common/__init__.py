@@ -1,4 +1,4 @@
-"""distkit-common: the shared native library and small Python helpers of distkit.
+"""The shared native library and small Python helpers of distkit (distkit-common).
 
 The wheel carries the C++/CUDA headers (``include/distkit``), an exported CMake
 package (``cmake/``, found by sibling packages through the ``cmake.root`` entry
@@ -9,7 +9,13 @@ point) and these Python helpers:
 - :mod:`distkit_common.collective` - one rank's failure raised on every rank (JSON, no pickle).
 - :mod:`distkit_common.fsio` - atomic directory commits and stale-temporary cleanup.
 - :mod:`distkit_common.launch` - rank / size / local rank / node from mpiexec, torchrun or srun.
-- :mod:`distkit_common.testing` - run a script on N processes (or simulated hosts) with a timeout.
+- :mod:`distkit_common.node` - which ranks share a node (one decision for every package).
+- :mod:`distkit_common.heartbeat` - name a lost peer of a torch.distributed job within seconds.
+- :mod:`distkit_common.rates` - link rates in tc's syntax (``"1gbit"``) <-> bits per second.
+
+The test harness (run a body on N processes or across simulated hosts, the
+simulated cluster, the pytest plugin) is the subpackage :mod:`distkit_common.testing`;
+no runtime module imports it.
 """
 
 from __future__ import annotations

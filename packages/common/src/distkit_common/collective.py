@@ -35,16 +35,53 @@ from typing import Any, Protocol, runtime_checkable
 
 @runtime_checkable
 class Group(Protocol):
-    """What the agreements need from a group of processes."""
+    """What the agreements need from a group of processes.
+
+    Any object with ``rank`` and ``size`` (ints) and a collective
+    ``allgather_bytes(data: bytes) -> list[bytes]`` is one; :func:`as_group`
+    makes one from an mpi4py communicator or a torch ProcessGroup.
+
+    Parameters
+    ----------
+    *args, **kwargs
+        A Protocol is never instantiated; classes that satisfy it take their own arguments.
+    """
 
     @property
-    def rank(self) -> int: ...
+    def rank(self) -> int:
+        """Return this process's rank in the group, in ``[0, size)``.
+
+        Returns
+        -------
+        int
+            The rank.
+        """
+        ...
 
     @property
-    def size(self) -> int: ...
+    def size(self) -> int:
+        """Return the number of processes in the group.
+
+        Returns
+        -------
+        int
+            The size.
+        """
+        ...
 
     def allgather_bytes(self, data: bytes) -> list[bytes]:
-        """Every rank's ``data``, in rank order (a collective call)."""
+        """Gather every rank's ``data``, in rank order (a collective call).
+
+        Parameters
+        ----------
+        data : bytes
+            This rank's contribution (any length; ranks may differ).
+
+        Returns
+        -------
+        list of bytes
+            ``size`` entries, entry ``r`` being rank ``r``'s ``data``.
+        """
         ...
 
 
@@ -59,12 +96,17 @@ class _Single:
 
 
 class MPIGroup:
-    """An mpi4py communicator, through buffer-based Allgather(v) (mpi4py's lowercase methods pickle).
+    """An mpi4py communicator as a :class:`Group`, through buffer-based Allgather(v) (mpi4py's lowercase methods pickle).
 
-    ``wait``: when given, the gathers are nonblocking (``Iallgather(v)``) and
-    ``wait(request)`` completes each one. A package whose own progress thread
-    drives MPI traffic on the same ranks (kvps) passes a polling wait: a blocking
-    collective can stall behind that thread's messages across hosts.
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        The communicator.
+    wait : callable, optional
+        When given, the gathers are nonblocking (``Iallgather(v)``) and
+        ``wait(request)`` completes each one. A package whose own progress thread
+        drives MPI traffic on the same ranks (kvps) passes a polling wait: a blocking
+        collective can stall behind that thread's messages across hosts.
     """
 
     def __init__(self, comm: Any, wait: Callable[[Any], None] | None = None) -> None:
@@ -74,6 +116,18 @@ class MPIGroup:
         self.wait = wait
 
     def allgather_bytes(self, data: bytes) -> list[bytes]:
+        """Gather every rank's ``data``, in rank order (a collective call).
+
+        Parameters
+        ----------
+        data : bytes
+            This rank's contribution (any length; ranks may differ).
+
+        Returns
+        -------
+        list of bytes
+            ``size`` entries, entry ``r`` being rank ``r``'s ``data``.
+        """
         import numpy as np
         from mpi4py import MPI
 
@@ -129,13 +183,18 @@ class _TorchGroup:
 
 
 def as_group(comm: Any = None) -> Group:
-    """The :class:`Group` for ``comm``.
+    """Return the :class:`Group` for ``comm``.
 
     Parameters
     ----------
     comm : None, mpi4py communicator, torch ProcessGroup or Group
         ``None`` means torch's default process group when one is initialised,
         else this process alone.
+
+    Returns
+    -------
+    Group
+        ``comm`` itself when it already is one, else a wrapper.
 
     Raises
     ------
@@ -170,14 +229,25 @@ def as_group(comm: Any = None) -> Group:
 
 
 def allgather_json(obj: Any, comm: Any = None) -> list[Any]:
-    """Every rank's ``obj`` (JSON-serialisable: dicts, lists, str, numbers, bool, None), in rank order.
+    """Gather every rank's JSON-serialisable ``obj``, in rank order (a collective call).
 
-    Tuples arrive as lists. A collective call.
+    Parameters
+    ----------
+    obj : object
+        Dicts, lists, str, numbers, bool, None; tuples arrive as lists.
+    comm : optional
+        The group, as for :func:`as_group`.
+
+    Returns
+    -------
+    list
+        Rank ``r``'s ``obj`` at position ``r``, decoded from JSON (nothing is unpickled).
 
     Raises
     ------
     TypeError
-        If ``obj`` is not JSON-serialisable (raised before any communication).
+        If ``obj`` is not JSON-serialisable (raised before any communication) or
+        ``comm`` is no group.
     """
     group = as_group(comm)
     data = json.dumps(obj, separators=(",", ":"), allow_nan=True).encode()
@@ -185,12 +255,28 @@ def allgather_json(obj: Any, comm: Any = None) -> list[Any]:
 
 
 def bcast_json(obj: Any, comm: Any = None, root: int = 0) -> Any:
-    """``obj`` of rank ``root`` on every rank (others pass anything; only root's is sent).
+    """Send rank ``root``'s JSON-serialisable ``obj`` to every rank (a collective call).
+
+    Parameters
+    ----------
+    obj : object
+        On ``root``: the value (as for :func:`allgather_json`). Others pass anything; it is not sent.
+    comm : optional
+        The group, as for :func:`as_group`.
+    root : int
+        The rank whose ``obj`` is sent.
+
+    Returns
+    -------
+    object
+        Rank ``root``'s ``obj``, decoded from JSON, on every rank.
 
     Raises
     ------
     ValueError
         If ``root`` is not a rank of the group.
+    TypeError
+        If root's ``obj`` is not JSON-serialisable or ``comm`` is no group.
     """
     group = as_group(comm)
     if not 0 <= root < group.size:
@@ -201,7 +287,17 @@ def bcast_json(obj: Any, comm: Any = None, root: int = 0) -> Any:
 
 @dataclass(frozen=True)
 class RankFailure:
-    """What one rank reported: its exception's type name, the nearest builtin type, and message."""
+    """What one rank reported about its failure.
+
+    Parameters
+    ----------
+    type : str
+        Its exception's type name.
+    builtin : str
+        The nearest builtin exception type's name (``"ValueError"``, ``"OSError"``, ...).
+    message : str
+        The exception's message.
+    """
 
     type: str
     builtin: str
@@ -214,10 +310,17 @@ class RankFailure:
 class CollectiveError(RuntimeError):
     """A collective step failed on another rank.
 
+    Parameters
+    ----------
+    step : str
+        What the ranks were doing (``"save"``, ``"create_wm_tensor"``, ...).
+    failures : dict of int to RankFailure
+        Every failing rank's report.
+
     Attributes
     ----------
     step : str
-        What the ranks were doing ("save", "create_wm_tensor", ...).
+        What the ranks were doing.
     failures : dict of int to RankFailure
         Every failing rank's report.
     """
@@ -310,15 +413,27 @@ def agree(comm: Any, step: str, error: BaseException | None = None) -> None:
 def all_ranks(comm: Any, step: str) -> Iterator[None]:
     """Run a block on every rank; if it raises on any rank, raise on all of them.
 
-    Examples
-    --------
-    >>> with all_ranks(comm, "save"):          # doctest: +SKIP
-    ...     write_my_shard(path)
+    Parameters
+    ----------
+    comm : None, mpi4py communicator, torch ProcessGroup or Group
+        The ranks that run the block (as for :func:`as_group`).
+    step : str
+        What the block does, for messages (``"save"``).
+
+    Yields
+    ------
+    None
+        Once, for the ``with`` block.
 
     Raises
     ------
     Exception
         This rank's own exception, or a :class:`CollectiveError` (see :func:`agree`).
+
+    Examples
+    --------
+    >>> with all_ranks(comm, "save"):          # doctest: +SKIP
+    ...     write_my_shard(path)
     """
     try:
         yield

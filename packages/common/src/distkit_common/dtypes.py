@@ -39,7 +39,17 @@ ITEMSIZE: dict[str, int] = {
 
 
 def dtype_name(dtype: Any) -> str:
-    """Canonical name of a torch dtype, numpy dtype, or name string.
+    """Return the canonical name of a torch dtype, numpy dtype or name string.
+
+    Parameters
+    ----------
+    dtype : torch.dtype, numpy.dtype or str
+        The dtype; torch's aliases (``"half"``, ``"float"``, ``"long"``, ...) are accepted.
+
+    Returns
+    -------
+    str
+        A key of :data:`CODES` (``"float32"``, ``"bfloat16"``, ``"int64"``, ...).
 
     Raises
     ------
@@ -64,7 +74,17 @@ def dtype_name(dtype: Any) -> str:
 
 
 def code_of(dtype: Any) -> int:
-    """distkit dtype code of a torch / numpy dtype or name.
+    """Return the distkit dtype code of a torch / numpy dtype or name.
+
+    Parameters
+    ----------
+    dtype : torch.dtype, numpy.dtype or str
+        The dtype, as for :func:`dtype_name`.
+
+    Returns
+    -------
+    int
+        The code the native extensions take (``CODES[dtype_name(dtype)]``).
 
     Raises
     ------
@@ -75,8 +95,29 @@ def code_of(dtype: Any) -> int:
 
 
 def torch_dtype(code_or_name: int | str) -> Any:
-    """The ``torch.dtype`` for a code or name (imports torch lazily)."""
+    """Return the ``torch.dtype`` for a distkit code or name (imports torch lazily).
+
+    Parameters
+    ----------
+    code_or_name : int or str
+        A value of :data:`CODES`, or a name as for :func:`dtype_name`.
+
+    Returns
+    -------
+    torch.dtype
+        The dtype.
+
+    Raises
+    ------
+    TypeError
+        If the code or name is no distkit dtype.
+    """
     import torch
 
-    name = NAMES[code_or_name] if isinstance(code_or_name, int) else dtype_name(code_or_name)
+    if isinstance(code_or_name, int) and not isinstance(code_or_name, bool):
+        if code_or_name not in NAMES:
+            raise TypeError(f"unknown dtype code {code_or_name!r}; known: {sorted(NAMES)}")
+        name = NAMES[code_or_name]
+    else:
+        name = dtype_name(code_or_name)
     return getattr(torch, name)

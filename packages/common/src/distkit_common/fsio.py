@@ -60,7 +60,12 @@ PathLike = str | os.PathLike[str]
 
 
 def fsync_path(path: PathLike) -> None:
-    """fsync a file or a directory by path.
+    """Flush a file or a directory to disk by path (fsync).
+
+    Parameters
+    ----------
+    path : path
+        The file or directory.
 
     Raises
     ------
@@ -72,6 +77,15 @@ def fsync_path(path: PathLike) -> None:
 
 def write_file(path: PathLike, data: bytes, *, sync: bool = True) -> None:
     """Write ``data`` to a new file and (by default) fsync it before returning.
+
+    Parameters
+    ----------
+    path : path
+        The file to write (created, or truncated if it exists).
+    data : bytes
+        Its contents.
+    sync : bool
+        Whether to fsync the file before returning.
 
     Raises
     ------
@@ -86,10 +100,22 @@ def write_file(path: PathLike, data: bytes, *, sync: bool = True) -> None:
 
 
 def temporary_sibling(path: PathLike, token: str | None = None) -> str:
-    """``<path>.tmp-<token>``: the folder to write into before :func:`commit_dir`.
+    """Name the folder to write into before :func:`commit_dir`: ``<path>.tmp-<token>``.
 
     ``token`` defaults to 16 random hex digits; ranks that write together agree
     on one (rank 0 draws it and broadcasts it).
+
+    Parameters
+    ----------
+    path : path
+        The destination.
+    token : str, optional
+        The suffix; 16 random hex digits when None.
+
+    Returns
+    -------
+    str
+        ``<path>.tmp-<token>``.
     """
     return f"{os.fspath(path)}{TMP_INFIX}{token or secrets.token_hex(8)}"
 
@@ -122,7 +148,14 @@ def _proc_start(pid: int) -> str | None:
 
 
 def owner_record() -> dict[str, Any]:
-    """Who this process is, as written into a marker."""
+    """Describe this process as written into a marker.
+
+    Returns
+    -------
+    dict
+        ``{"host", "boot_id", "pid", "start"}``: hostname, boot id, pid and the
+        process's start time (``/proc/<pid>/stat``; ``""`` where unreadable).
+    """
     pid = os.getpid()
     return {"host": socket.gethostname(), "boot_id": _boot_id(), "pid": pid, "start": _proc_start(pid) or ""}
 
@@ -165,6 +198,13 @@ def claim(tmp: PathLike, rank: int) -> None:
     A process killed at any point leaves only folders that :func:`clean_stale`
     can tie to it. Missing parent folders are created.
 
+    Parameters
+    ----------
+    tmp : path
+        The temporary folder (see :func:`temporary_sibling`).
+    rank : int
+        This process's rank among the writers, recorded in its marker.
+
     Raises
     ------
     OSError
@@ -193,12 +233,22 @@ def claim(tmp: PathLike, rank: int) -> None:
 
 
 def owner_alive(record: Any) -> bool:
-    """False only if the recorded writer provably no longer runs.
+    """Tell whether the recorded writer may still run (False only if it provably does not).
 
     It must have run on this host (same hostname) and either the host rebooted
     since (other boot id), or its pid is gone, a zombie, or reused by a process
     that started later. Anything else (another host, an unreadable record)
     counts as alive.
+
+    Parameters
+    ----------
+    record : object
+        An owner record as :func:`owner_record` writes it (anything else counts as alive).
+
+    Returns
+    -------
+    bool
+        False only if the recorded writer provably no longer runs.
     """
     if not isinstance(record, dict) or record.get("host") != socket.gethostname():
         return True
@@ -215,13 +265,23 @@ def owner_alive(record: Any) -> bool:
 
 
 def is_abandoned(tmp: PathLike) -> bool:
-    """True if every writer recorded for ``tmp`` is provably dead (see :func:`owner_alive`).
+    """Tell whether every writer recorded for ``tmp`` is provably dead (see :func:`owner_alive`).
 
     The records are the owner markers in it and, for a folder being created by
     :func:`claim` or removed by :func:`remove_claimed`, its name. A folder
     recording nobody (foreign) is not abandoned, nor is one with an unreadable
     marker, unless its name records a dead process (only that process can have
     written a marker there that is not yet complete).
+
+    Parameters
+    ----------
+    tmp : path
+        A temporary folder.
+
+    Returns
+    -------
+    bool
+        True only when it may be removed.
     """
     tmp = os.fspath(tmp)
     try:
@@ -251,6 +311,16 @@ def clean_stale(path: PathLike) -> list[str]:
 
     A live save (on this host or another) and unmarked folders are left alone;
     links are never followed.
+
+    Parameters
+    ----------
+    path : path
+        The destination whose temporaries (``<path>.tmp-*``) are looked at.
+
+    Returns
+    -------
+    list of str
+        The folders removed.
     """
     parent, base = os.path.split(os.fspath(path))
     prefix = base + TMP_INFIX
@@ -291,6 +361,11 @@ def remove_claimed(tmp: PathLike) -> None:
     nobody may remove; and without the rename, a kill between the last marker
     and the folder itself left an empty folder tied to no process.
 
+    Parameters
+    ----------
+    tmp : path
+        The claimed folder.
+
     Raises
     ------
     OSError
@@ -315,7 +390,13 @@ def remove_claimed(tmp: PathLike) -> None:
 
 
 def drop_claims(path: PathLike) -> None:
-    """Remove the owner markers from a committed folder (it is nobody's temporary any more)."""
+    """Remove the owner markers from a committed folder (it is nobody's temporary any more).
+
+    Parameters
+    ----------
+    path : path
+        The committed folder. Errors are ignored (a marker left behind is harmless).
+    """
     with contextlib.suppress(OSError):
         for n in os.listdir(path):
             if n.startswith(MARKER_PREFIX):
@@ -341,7 +422,7 @@ def commit_dir(
     path : path
         The destination. An existing folder there is replaced and removed.
     sync : bool
-        fsync ``tmp`` before the swap and the parent after it.
+        Whether to fsync ``tmp`` before the swap and the parent after it.
     replaceable : callable, optional
         Called with ``path`` when it exists; returning False refuses to replace it
         (e.g. a folder that is not a checkpoint of this format).

@@ -127,7 +127,18 @@ class Heartbeat:
 
     # -- lifecycle
     def start(self) -> Heartbeat:
-        """Connect to the store and start beating (returns self)."""
+        """Connect to the store and start beating.
+
+        Returns
+        -------
+        Heartbeat
+            ``self``.
+
+        Raises
+        ------
+        RuntimeError
+            If the store cannot be reached within ``timeout`` (torch's ``DistStoreError``).
+        """
         import torch.distributed as dist
 
         store = dist.TCPStore(
@@ -161,6 +172,11 @@ class Heartbeat:
         under ``init_method="env://"``) then never exits while a peer still
         talks to it, which that peer would take for a lost store. Leave it
         False when ending on an error (peers may be dead).
+
+        Parameters
+        ----------
+        wait_for_peers : bool
+            Whether to wait (up to ``timeout`` seconds) until every peer stopped too.
         """
         self._wait_for_peers = wait_for_peers
         self._stop.set()
@@ -185,8 +201,18 @@ class Heartbeat:
         )
 
     def silent_peers(self, at_least: float) -> list[tuple[int, str, float]]:
-        """``(rank, hostname, seconds)`` of every watched peer whose heartbeat has not moved
-        for ``at_least`` seconds (hostname ``'?'`` where its name never arrived).
+        """List the watched peers whose heartbeat has not moved for ``at_least`` seconds.
+
+        Parameters
+        ----------
+        at_least : float
+            Seconds of silence.
+
+        Returns
+        -------
+        list of tuple of (int, str, float)
+            ``(rank, hostname, seconds)`` of every such peer (hostname ``'?'`` where its
+            name never arrived).
 
         Raises
         ------
@@ -201,10 +227,18 @@ class Heartbeat:
         return [(r, names.get(r, "?"), now - t) for r, t in sorted(changed.items()) if now - t >= at_least]
 
     def explain(self) -> str | None:
-        """The heartbeat's account of a failure that has just happened, or None when every
-        peer and the store answered recently (the failure is not a lost peer). Silence of
-        three beat intervals counts: live peers beat every interval, also during a
-        collective, since the beats come from a thread of their own."""
+        """Give the heartbeat's account of a failure that has just happened.
+
+        Silence of three beat intervals counts: live peers beat every interval, also
+        during a collective, since the beats come from a thread of their own.
+
+        Returns
+        -------
+        str or None
+            The account (which peers went silent, on which hosts, or that the store
+            stopped answering), or None when every peer and the store answered
+            recently (the failure is not a lost peer).
+        """
         quiet = 3 * self.interval
         store_silent = time.monotonic() - self._answered
         if store_silent >= quiet:
@@ -292,6 +326,21 @@ def start(
     ``interval`` / ``timeout`` default to ``$DISTKIT_HEARTBEAT_INTERVAL_S`` /
     ``$DISTKIT_HEARTBEAT_TIMEOUT_S``, else 1 s / 10 s.
 
+    Parameters
+    ----------
+    interval : float, optional
+        Seconds between two beats.
+    timeout : float, optional
+        Seconds of silence after which a peer (or the store) counts as lost.
+    on_lost : callable, optional
+        Called with the message instead of printing it and ending the process
+        (exit code :data:`LOST_PEER_EXIT_CODE`).
+
+    Returns
+    -------
+    Heartbeat
+        The started heartbeat; call its ``stop()`` at the end (or use :func:`watch`).
+
     Raises
     ------
     RuntimeError
@@ -321,9 +370,39 @@ def watch(
     timeout: float | None = None,
     on_lost: Callable[[str], None] | None = None,
 ) -> Iterator[Heartbeat]:
-    """``with watch(): ...`` - :func:`start` on entry; ``stop()`` on exit, waiting for the
-    peers only when the block ends without an exception. An exception leaving the block is
-    preceded on stderr by :meth:`Heartbeat.explain` when it has anything to say."""
+    """Watch this rank's peers for the ``with`` block: :func:`start` on entry, ``stop()`` on exit.
+
+    ``stop()`` waits for the peers only when the block ends without an exception. An
+    exception leaving the block is preceded on stderr by :meth:`Heartbeat.explain`
+    when it has anything to say.
+
+    Parameters
+    ----------
+    interval : float, optional
+        Seconds between two beats (as for :func:`start`).
+    timeout : float, optional
+        Seconds of silence after which a peer counts as lost (as for :func:`start`).
+    on_lost : callable, optional
+        Called with the message instead of printing it and ending the process.
+
+    Yields
+    ------
+    Heartbeat
+        The started heartbeat.
+
+    Raises
+    ------
+    RuntimeError
+        If ``MASTER_ADDR`` / ``MASTER_PORT`` are not set.
+    ValueError
+        If a number is out of range or a variable is not a number.
+
+    Examples
+    --------
+    >>> from distkit_common import heartbeat
+    >>> with heartbeat.watch():       # doctest: +SKIP
+    ...     train()
+    """
     hb = start(interval=interval, timeout=timeout, on_lost=on_lost)
     try:
         yield hb

@@ -44,8 +44,21 @@ _LAUNCHERS: tuple[tuple[str, str, str, str, str, str], ...] = (
 class LaunchInfo:
     """Where this process sits in its job.
 
-    ``node_rank`` is the index of this process's node when the launcher says it
-    (torchrun, SLURM), else ``None``: group ranks by hostname then.
+    Parameters
+    ----------
+    launcher : str
+        ``"openmpi"``, ``"torchrun"``, ``"mpich"``, ``"pmix"``, ``"slurm"`` or ``"none"``.
+    rank : int
+        Global rank, in ``[0, world_size)``.
+    world_size : int
+        Number of processes in the job.
+    local_rank : int
+        Rank among the processes on this node.
+    local_size : int
+        Number of this job's processes on this node.
+    node_rank : int or None
+        Index of this process's node when the launcher says it (torchrun, SLURM),
+        else ``None``: group ranks by :func:`distkit_common.node.node_key` then.
     """
 
     launcher: str
@@ -85,15 +98,29 @@ def _slurm_tasks_on_node(tasks_per_node: str, node: int) -> int | None:
 
 
 def launch_info(env: Mapping[str, str] | None = None) -> LaunchInfo:
-    """Read the launcher's environment (``os.environ`` unless ``env`` is given).
+    """Read the launcher's environment.
 
-    Returns a single-process ``LaunchInfo("none", 0, 1, 0, 1)`` when no known
-    launcher variables are set.
+    Parameters
+    ----------
+    env : mapping of str to str, optional
+        The environment to read; ``os.environ`` when None.
+
+    Returns
+    -------
+    LaunchInfo
+        What the first launcher whose rank and size variables are set says, or
+        ``LaunchInfo("none", 0, 1, 0, 1)`` when no known launcher variables are set.
 
     Raises
     ------
     ValueError
-        If a launcher variable is not an integer or the values are inconsistent.
+        If a launcher variable is not an integer or the rank is outside the world size.
+
+    Examples
+    --------
+    >>> launch_info({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4",
+    ...              "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+    LaunchInfo(launcher='openmpi', rank=1, world_size=4, local_rank=1, local_size=2, node_rank=None)
     """
     e: Mapping[str, str] = os.environ if env is None else env
     for name, r, s, lr, ls, nr in _LAUNCHERS:
@@ -112,20 +139,64 @@ def launch_info(env: Mapping[str, str] | None = None) -> LaunchInfo:
 
 
 def rank() -> int:
-    """Global rank of this process (0 when launched alone)."""
+    """Global rank of this process.
+
+    Returns
+    -------
+    int
+        ``launch_info().rank``: 0 when launched alone.
+
+    Raises
+    ------
+    ValueError
+        As :func:`launch_info`.
+    """
     return launch_info().rank
 
 
 def world_size() -> int:
-    """Number of processes in the job (1 when launched alone)."""
+    """Number of processes in the job.
+
+    Returns
+    -------
+    int
+        ``launch_info().world_size``: 1 when launched alone.
+
+    Raises
+    ------
+    ValueError
+        As :func:`launch_info`.
+    """
     return launch_info().world_size
 
 
 def local_rank() -> int:
-    """Rank of this process among those on its node (0 when launched alone)."""
+    """Rank of this process among those on its node.
+
+    Returns
+    -------
+    int
+        ``launch_info().local_rank``: 0 when launched alone.
+
+    Raises
+    ------
+    ValueError
+        As :func:`launch_info`.
+    """
     return launch_info().local_rank
 
 
 def local_size() -> int:
-    """Number of this job's processes on this node (1 when launched alone)."""
+    """Number of this job's processes on this node.
+
+    Returns
+    -------
+    int
+        ``launch_info().local_size``: 1 when launched alone.
+
+    Raises
+    ------
+    ValueError
+        As :func:`launch_info`.
+    """
     return launch_info().local_size

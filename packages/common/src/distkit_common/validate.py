@@ -34,7 +34,19 @@ def _torch() -> Any:
 
 
 def describe(x: Any) -> str:
-    """A short description of a value for error messages (type, dtype, shape, device)."""
+    """Describe a value in a few words for an error message.
+
+    Parameters
+    ----------
+    x : object
+        Any value.
+
+    Returns
+    -------
+    str
+        Type, dtype, shape and device of a tensor or array; else the type and the
+        ``repr``, cut to 120 characters.
+    """
     torch = _torch()
     if isinstance(x, torch.Tensor):
         return f"tensor(dtype={x.dtype}, shape={tuple(x.shape)}, device={x.device})"
@@ -163,7 +175,19 @@ class Checks:
             raise self.value_error(f"{name} must be on device {want}, got {t.device}")
 
     def array(self, x: Any, name: str) -> Any:
-        """A torch view of a tensor or numpy array (no copy).
+        """Return a torch view of a tensor or numpy array (no copy).
+
+        Parameters
+        ----------
+        x : torch.Tensor or numpy.ndarray
+            The array.
+        name : str
+            Argument name for messages.
+
+        Returns
+        -------
+        torch.Tensor
+            ``x`` itself, or ``torch.from_numpy(x)``.
 
         Raises
         ------
@@ -237,10 +261,24 @@ class Checks:
         return t
 
     def index_range(self, t: Any, name: str, upper: int | None) -> None:
-        """IndexError unless every element of the integer tensor ``t`` lies in ``[0, upper)``.
+        """Check that every element of the integer tensor ``t`` lies in ``[0, upper)``.
 
         One ``aminmax`` pass over the data; the position of an offending index is
         searched only on the error path.
+
+        Parameters
+        ----------
+        t : torch.Tensor
+            A non-empty integer tensor.
+        name : str
+            Argument name for messages.
+        upper : int or None
+            Exclusive upper bound; None checks only that no index is negative.
+
+        Raises
+        ------
+        IndexError
+            An index is negative or ``>= upper`` (the message names it and its position).
         """
         torch = _torch()
         c = t.to(torch.int64) if t.dtype in _unsigned() else t
@@ -256,6 +294,22 @@ class Checks:
     # ------------------------------------------------------------------ scalars
     def int(self, value: Any, name: str, *, lo: _Int | None = None, hi: _Int | None = None) -> _Int:
         """Check an integer argument (bool refused) lies in ``[lo, hi)``.
+
+        Parameters
+        ----------
+        value : int or numpy.int64
+            The argument.
+        name : str
+            Argument name for messages.
+        lo : int, optional
+            Inclusive lower bound.
+        hi : int, optional
+            Exclusive upper bound.
+
+        Returns
+        -------
+        int
+            ``value`` as a Python int.
 
         Raises
         ------
@@ -274,7 +328,21 @@ class Checks:
         return v
 
     def rank(self, value: Any, name: str, size: _Int) -> _Int:
-        """A rank of a group of ``size`` processes.
+        """Check a rank of a group of ``size`` processes.
+
+        Parameters
+        ----------
+        value : int
+            The rank.
+        name : str
+            Argument name for messages.
+        size : int
+            Size of the group.
+
+        Returns
+        -------
+        int
+            ``value`` as a Python int.
 
         Raises
         ------
@@ -291,7 +359,21 @@ class Checks:
         return v
 
     def axis(self, value: Any, name: str, ndim: _Int) -> _Int:
-        """A dimension of an ``ndim``-dimensional tensor, normalised to ``[0, ndim)``.
+        """Check a dimension of an ``ndim``-dimensional tensor and normalise it to ``[0, ndim)``.
+
+        Parameters
+        ----------
+        value : int
+            The dimension; negative counts from the end.
+        name : str
+            Argument name for messages.
+        ndim : int
+            Number of dimensions of the tensor.
+
+        Returns
+        -------
+        int
+            ``value % ndim``.
 
         Raises
         ------
@@ -306,7 +388,21 @@ class Checks:
         return v % ndim
 
     def choice(self, value: Any, name: str, choices: Collection[Any]) -> Any:
-        """``value`` if it is one of ``choices``.
+        """Check that ``value`` is one of ``choices``.
+
+        Parameters
+        ----------
+        value : object
+            The argument.
+        name : str
+            Argument name for messages.
+        choices : collection
+            The values accepted.
+
+        Returns
+        -------
+        object
+            ``value``.
 
         Raises
         ------

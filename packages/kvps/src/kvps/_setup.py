@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from distkit_common.rates import parse_rate
 from distkit_common.validate import check_int
 
 from . import _kvps
@@ -118,9 +119,6 @@ def link_rate() -> float:
         return -1.0
     if text.lower() in ("0", "off"):
         return 0.0
-    # (imported here: the cluster harness is a large module the server needs only for this parser)
-    from distkit_common.cluster import parse_rate
-
     try:
         return parse_rate(text) / 8
     except ValueError as e:

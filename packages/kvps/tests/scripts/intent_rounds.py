@@ -1,6 +1,6 @@
 """Intent rounds with a long lookahead on 2 ranks acting as 2 nodes (run under mpiexec -n 2).
 
-With peers on another node (``KVPS_NODE_ID``: each rank its own) and
+With peers on another node (``DISTKIT_NODE_ID``: each rank its own) and
 ``intent_lookahead=8`` intents take effect in rounds every 2 clocks
 (``intent.hpp``: a quarter of the lookahead), at least 6 clocks before their
 window. Checks:
@@ -30,7 +30,7 @@ comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 assert size == 2
 NK, L, AHEAD, STEPS = 20_000, 4, 8, 48
-os.environ["KVPS_NODE_ID"] = str(rank)  # read when the Server is created
+os.environ["DISTKIT_NODE_ID"] = str(rank)  # read when the Server is created
 
 kvps.setup(NK, 1, "all")
 s = kvps.Server(L, shared_memory=False, intent_lookahead=AHEAD)

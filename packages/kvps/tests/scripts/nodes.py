@@ -1,6 +1,6 @@
 """kvps on 4 ranks as 2 nodes of 2, memory shared within a node.
 
-On one machine the ranks act as 2 nodes (KVPS_NODE_ID = rank // 2); across the
+On one machine the ranks act as 2 nodes (DISTKIT_NODE_ID = rank // 2); across the
 hosts of the simulated cluster (2 hosts x 2 ranks, ranks 0-1 on the first) they
 are on 2 hosts and Open MPI's own co-location decides.
 
@@ -30,7 +30,7 @@ rank, size = comm.Get_rank(), comm.Get_size()
 assert size == 4
 hosts = comm.allgather(socket.gethostname())
 if len(set(hosts)) == 1:
-    os.environ["KVPS_NODE_ID"] = str(rank // 2)  # read when a Server is created
+    os.environ["DISTKIT_NODE_ID"] = str(rank // 2)  # read when a Server is created
 else:  # real hosts: the same grouping, by Open MPI
     assert hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts
 NK, L = 400, 3

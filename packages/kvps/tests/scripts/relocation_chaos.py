@@ -35,7 +35,7 @@ NT, NK, PER_STEP, STEPS = 2, 12, 4, 400
 shared, technique = sys.argv[1] == "shm", sys.argv[2]
 if shared:  # (with every rank on one node, intents would move nothing: all keys are in reach)
     assert size == 4
-    os.environ["KVPS_NODE_ID"] = str(rank // 2)  # read when the Server is created
+    os.environ["DISTKIT_NODE_ID"] = str(rank // 2)  # read when the Server is created
 
 kvps.setup(NK, NT, technique)
 s = kvps.Server(1, shared_memory=shared)

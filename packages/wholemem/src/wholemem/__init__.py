@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from . import _wholemem
 from ._comm import (
-    Communicator,
     UniqueId,
+    WholeMemoryCommunicator,
     communicator_from_mpi4py,
     communicator_from_process_group,
     create_communicator,
@@ -53,7 +53,7 @@ __all__ = [
     "LazyAdam",
     "RMSProp",
     "ChunkedTensor",
-    "Communicator",
+    "WholeMemoryCommunicator",
     "NCCLTensor",
     "UniqueId",
     "WmTensorType",

@@ -31,6 +31,15 @@ class UniqueId:
     """Where to meet: the rendezvous store's address plus a 128-bit random token.
 
     Picklable; broadcast it to every rank by any channel (MPI, a file, ...).
+
+    Parameters
+    ----------
+    host : str
+        Address of the rank that runs the store.
+    port : int
+        The store's port.
+    token : str
+        32 hex digits, the prefix of the communicator's keys.
     """
 
     host: str
@@ -100,8 +109,25 @@ def _pg_timeout(pg: Any) -> datetime.timedelta:
     return _DEFAULT_TIMEOUT
 
 
-class Communicator:
-    """A group of ranks that create and share wholemem tensors.
+class WholeMemoryCommunicator:
+    """A group of ranks that create and share wholemem tensors (pylibwholegraph's name).
+
+    Parameters
+    ----------
+    pg : ProcessGroup
+        The gloo process group of its ranks.
+    store : Store, optional
+        The rendezvous store (None when it wraps an existing process group).
+    token : str, optional
+        The rendezvous id's random prefix.
+    timeout : datetime.timedelta, optional
+        Collective timeout; the group's own when None.
+    device_backend : {"nccl", "gloo"}
+        How GPU-resident tensors are exchanged (see :func:`create_communicator`).
+    device_group : ProcessGroup, optional
+        A given group for GPU-resident tensors.
+    server_key : str, optional
+        Key of the rendezvous server its store lives on.
 
     Attributes
     ----------
@@ -118,6 +144,10 @@ class Communicator:
 
     Two ranks are on one node when they have the same host name, boot id and
     ``/dev/shm`` (see :func:`get_local_node_communicator` for the ranks of this node).
+
+    Made by :func:`create_communicator`, :func:`communicator_from_process_group`,
+    :func:`communicator_from_mpi4py` or the group functions
+    (:func:`get_global_communicator`, :func:`split_communicator`, ...); not constructed directly.
     """
 
     def __init__(
@@ -147,7 +177,7 @@ class Communicator:
         #: a store for split_communicator when the communicator wraps a process group (made on first use)
         self._split_store: Any = None
         #: the communicator of this node's ranks (made by get_local_node_communicator)
-        self._node_comm: Communicator | None = None
+        self._node_comm: WholeMemoryCommunicator | None = None
         self.rank: int = int(pg.rank())
         self.size: int = int(pg.size())
         # the first collective: every rank learns where every other one runs
@@ -163,28 +193,53 @@ class Communicator:
     def __repr__(self) -> str:
         state = "destroyed" if self._destroyed else "live"
         return (
-            f"Communicator(rank={self.rank}, size={self.size}, local_size={self.local_size}, "
+            f"WholeMemoryCommunicator(rank={self.rank}, size={self.size}, local_size={self.local_size}, "
             f"num_nodes={self.num_nodes}, {state})"
         )
 
     def node_groups(self) -> list[list[int]]:
-        """The ranks of every node, nodes ordered by their lowest rank."""
+        """List the ranks of every node, nodes ordered by their lowest rank.
+
+        Returns
+        -------
+        list of list of int
+            The ranks of each node, ascending.
+        """
         groups: dict[str, list[int]] = {}
         for r, n in enumerate(self._nodes):
             groups.setdefault(n.key, []).append(r)
         return list(groups.values())
 
     def describe_nodes(self) -> str:
-        """``"dkh1 (ranks 0, 1), dkh2 (ranks 2, 3)"``: where the ranks run, for error messages."""
+        """Describe where the ranks run, for error messages.
+
+        Returns
+        -------
+        str
+            ``"dkh1 (ranks 0, 1), dkh2 (ranks 2, 3)"``.
+        """
         return _peers.hosts_of(self._nodes)
 
     # -- communicators made from this one -----------------------------------------
-    def split(self, color: int, key: int = 0) -> Communicator | None:
-        """Collective: the communicator of the ranks that pass the same ``color``
-        (pylibwholegraph's ``split_communicator``; see :func:`wholemem.split_communicator`).
+    def split(self, color: int, key: int = 0) -> WholeMemoryCommunicator | None:
+        """Return the communicator of the ranks that pass the same ``color`` (collective).
+
+        pylibwholegraph's ``split_communicator``; see :func:`wholemem.split_communicator`.
 
         Every rank of this communicator must call it. Ranks are ordered by ``key``, ties
         by their rank here; a negative ``color`` takes part and gets ``None``.
+
+        Parameters
+        ----------
+        color : int
+            Group of this rank; negative: none.
+        key : int
+            Orders the ranks in the new communicator.
+
+        Returns
+        -------
+        WholeMemoryCommunicator or None
+            This rank's new communicator, or None for a negative ``color``.
 
         Raises
         ------
@@ -207,7 +262,7 @@ class Communicator:
         token = str(everyone[members[0]][2])  # the group's first rank names it: unique, and the same for all
         prefixed = dist.PrefixStore(f"wholemem/{token}", store)
         pg = dist.ProcessGroupGloo(prefixed, members.index(self.rank), len(members), self._timeout)
-        return Communicator(
+        return WholeMemoryCommunicator(
             pg,
             store=store,
             token=token,
@@ -216,9 +271,15 @@ class Communicator:
             server_key=server_key,
         )
 
-    def node_communicator(self) -> Communicator:
-        """Collective on first use: the communicator of this communicator's ranks on this
-        node (this communicator itself when it has one node); the same object afterwards.
+    def node_communicator(self) -> WholeMemoryCommunicator:
+        """Return the communicator of this communicator's ranks on this node (collective on first use).
+
+        This communicator itself when it has one node; the same object afterwards.
+
+        Returns
+        -------
+        WholeMemoryCommunicator
+            The ranks of this node.
 
         Raises
         ------
@@ -280,11 +341,22 @@ class Communicator:
     # -- lifecycle -----------------------------------------------------------------
     @property
     def destroyed(self) -> bool:
-        """True after :meth:`destroy` or :func:`finalize_lib`."""
+        """Tell whether :meth:`destroy` or :func:`finalize_lib` ended this communicator.
+
+        Returns
+        -------
+        bool
+            True after :meth:`destroy` or :func:`finalize_lib`.
+        """
         return self._destroyed
 
     def check_alive(self, what: str = "operation") -> None:
         """Raise ``RuntimeError`` if this communicator (or the library) is gone.
+
+        Parameters
+        ----------
+        what : str
+            The operation, named in the message.
 
         Raises
         ------
@@ -316,7 +388,13 @@ class Communicator:
         self._node_comm = None
 
     def register_gpu_chunks(self, chunks: Any) -> None:
-        """Close ``chunks`` (a GPU CHUNKED / DEVICE allocation) at :meth:`destroy` if it is still alive."""
+        """Close ``chunks`` (a GPU CHUNKED / DEVICE allocation) at :meth:`destroy` if it is still alive.
+
+        Parameters
+        ----------
+        chunks : NodeChunks
+            The allocation (held weakly).
+        """
         self._gpu_chunks.add(chunks)
 
     def barrier(self) -> None:
@@ -366,12 +444,24 @@ class Communicator:
         if self._server_key is not None and self._server_key not in _lib.pinned_servers:
             _lib.servers.pop(self._server_key, None)  # every rank is connected: the store is no longer needed
         if errors:
-            raise RuntimeError(f"wholemem Communicator.destroy: unmapping GPU chunks failed: {errors[0]}")
+            raise RuntimeError(f"wholemem WholeMemoryCommunicator.destroy: unmapping GPU chunks failed: {errors[0]}")
 
     # -- process group for GPU-resident tensors ------------------------------------
     def device_group_problem(self, device: torch.device) -> str | None:
-        """Why collectives on ``device`` tensors are impossible, or None (checked before
-        any collective, and the same on every rank)."""
+        """Tell why collectives on ``device`` tensors are impossible.
+
+        Checked before any collective; the answer is the same on every rank.
+
+        Parameters
+        ----------
+        device : torch.device
+            A CUDA device.
+
+        Returns
+        -------
+        str or None
+            The reason, or None when they are possible.
+        """
         if device.type != "cuda" or self._dev_pg is not None or self._pg_has_cuda:
             return None
         if self._device_backend == "gloo":
@@ -386,9 +476,21 @@ class Communicator:
         return None
 
     def ensure_device_group(self, device: torch.device) -> None:
-        """Collective (first call): the group used for ``device`` tensors. NCCL (bound to
-        this rank's GPU, ``device``) unless the communicator was made with
-        ``device_backend='gloo'`` (several ranks sharing one GPU, which NCCL refuses)."""
+        """Make the group used for ``device`` tensors (collective on the first call).
+
+        NCCL (bound to this rank's GPU, ``device``) unless the communicator was made with
+        ``device_backend='gloo'`` (several ranks sharing one GPU, which NCCL refuses).
+
+        Parameters
+        ----------
+        device : torch.device
+            This rank's GPU.
+
+        Raises
+        ------
+        RuntimeError
+            The communicator was destroyed, or the group cannot be made.
+        """
         self.check_alive("create_wm_tensor")
         if device.type != "cuda" or self._dev_pg is not None:
             return
@@ -415,7 +517,23 @@ class Communicator:
 
     # -- collectives used by the tensor types ---------------------------------------
     def allgather_bytes(self, data: bytes) -> list[bytes]:
-        """Every rank's ``data``, in rank order (the raw bytes; nothing is deserialised here)."""
+        """Gather every rank's ``data``, in rank order (collective; nothing is deserialised here).
+
+        Parameters
+        ----------
+        data : bytes
+            This rank's contribution.
+
+        Returns
+        -------
+        list of bytes
+            Rank ``r``'s ``data`` at position ``r``.
+
+        Raises
+        ------
+        RuntimeError
+            The communicator was destroyed, or the collective failed.
+        """
         self.check_alive("allgather")
         buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
         n = torch.tensor([buf.numel()], dtype=torch.int64)
@@ -429,7 +547,27 @@ class Communicator:
         return [o[: int(s)].numpy().tobytes() for o, s in zip(outs, sizes)]
 
     def all_to_all(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
-        """Exchange rows of ``send`` (grouped by destination) and return the received rows."""
+        """Exchange rows of ``send`` (grouped by destination) and return the received rows (collective).
+
+        Parameters
+        ----------
+        send : torch.Tensor
+            Rows for rank 0 first, then rank 1, ...
+        send_counts : list of int
+            Rows of ``send`` for each rank.
+        recv_counts : list of int
+            Rows to receive from each rank.
+
+        Returns
+        -------
+        torch.Tensor
+            ``sum(recv_counts)`` rows, rank 0's first.
+
+        Raises
+        ------
+        RuntimeError
+            The communicator was destroyed, or the collective failed.
+        """
         self.check_alive("all_to_all")
         recv = torch.empty((sum(recv_counts), *send.shape[1:]), dtype=send.dtype, device=send.device)
         group, data = self._group_for(send), send.contiguous()
@@ -437,7 +575,23 @@ class Communicator:
         return recv
 
     def exchange_counts(self, send_counts: torch.Tensor) -> torch.Tensor:
-        """counts[r] sent to rank r -> counts received from every rank."""
+        """Send ``send_counts[r]`` to rank ``r`` and return what every rank sent here (collective).
+
+        Parameters
+        ----------
+        send_counts : torch.Tensor
+            One count per rank.
+
+        Returns
+        -------
+        torch.Tensor
+            ``recv[r]``: the count rank ``r`` sent to this rank.
+
+        Raises
+        ------
+        RuntimeError
+            The communicator was destroyed, or the collective failed.
+        """
         self.check_alive("all_to_all")
         recv = torch.empty_like(send_counts)
         group, data = self._group_for(send_counts), send_counts.contiguous()
@@ -452,8 +606,10 @@ def create_communicator(
     *,
     timeout: datetime.timedelta = _DEFAULT_TIMEOUT,
     device_backend: str = "nccl",
-) -> Communicator:
-    """Collective: build a communicator of ``size`` ranks from a :class:`UniqueId`.
+) -> WholeMemoryCommunicator:
+    """Build a communicator of ``size`` ranks from a :class:`UniqueId` (collective).
+
+    pylibwholegraph's ``create_communicator(size, unique_id, rank)``.
 
     Connects to the id's TCPStore and builds a private gloo process group under the
     id's random prefix, so it never clashes with the default process group.
@@ -476,7 +632,8 @@ def create_communicator(
 
     Returns
     -------
-    Communicator
+    WholeMemoryCommunicator
+        The new communicator.
 
     Raises
     ------
@@ -488,6 +645,17 @@ def create_communicator(
         timeout that is not positive.
     RuntimeError
         Library not initialised, or the rendezvous failed / timed out.
+
+    Examples
+    --------
+    >>> import dataclasses, wholemem as wg                        # doctest: +SKIP
+    >>> from distkit_common.collective import bcast_json
+    >>> wg.init_lib()
+    >>> uid = dataclasses.asdict(wg.get_unique_id()) if rank == 0 else None
+    >>> uid = wg.UniqueId(**bcast_json(uid, mpi_comm))          # any way to send it
+    >>> comm = wg.create_communicator(size, uid, rank)
+    >>> comm.rank, comm.size
+    (0, 4)
     """
     _lib.require_init("create_communicator")
     size = check_int(size, "size", lo=1)
@@ -504,11 +672,13 @@ def create_communicator(
         store = dist.TCPStore(unique_id.host, unique_id.port, None, False, timeout=timeout)
     prefixed = dist.PrefixStore(f"wholemem/{unique_id.token}", store)
     pg = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
-    return Communicator(pg, store=store, token=unique_id.token, timeout=timeout, device_backend=device_backend)
+    return WholeMemoryCommunicator(
+        pg, store=store, token=unique_id.token, timeout=timeout, device_backend=device_backend
+    )
 
 
-def communicator_from_process_group(pg: Any = None, *, device_group: Any = None) -> Communicator:
-    """Collective: a communicator over an existing ``torch.distributed`` process group.
+def communicator_from_process_group(pg: Any = None, *, device_group: Any = None) -> WholeMemoryCommunicator:
+    """Build a communicator over an existing ``torch.distributed`` process group (collective).
 
     Parameters
     ----------
@@ -521,7 +691,8 @@ def communicator_from_process_group(pg: Any = None, *, device_group: Any = None)
 
     Returns
     -------
-    Communicator
+    WholeMemoryCommunicator
+        The new communicator.
 
     Raises
     ------
@@ -545,11 +716,11 @@ def communicator_from_process_group(pg: Any = None, *, device_group: Any = None)
             raise TypeError(f"device_group must be a torch.distributed.ProcessGroup, got {type(device_group).__name__}")
         if device_group.size() != pg.size() or device_group.rank() != pg.rank():
             raise ValueError("device_group must have the same ranks as pg")
-    return Communicator(pg, device_group=device_group)
+    return WholeMemoryCommunicator(pg, device_group=device_group)
 
 
-def communicator_from_mpi4py(comm: Any, *, timeout: datetime.timedelta = _DEFAULT_TIMEOUT) -> Communicator:
-    """Collective: a communicator with the ranks of an mpi4py communicator.
+def communicator_from_mpi4py(comm: Any, *, timeout: datetime.timedelta = _DEFAULT_TIMEOUT) -> WholeMemoryCommunicator:
+    """Build a communicator with the ranks of an mpi4py communicator (collective).
 
     Rank 0 of ``comm`` creates the unique id and broadcasts it over MPI.
 
@@ -562,7 +733,8 @@ def communicator_from_mpi4py(comm: Any, *, timeout: datetime.timedelta = _DEFAUL
 
     Returns
     -------
-    Communicator
+    WholeMemoryCommunicator
+        The new communicator.
 
     Raises
     ------

@@ -2,7 +2,7 @@
 
 The original passed communicators around as integer handles and offered free
 functions on them (``get_rank(comm)``, ``barrier(comm)``, ...); wholemem's
-:class:`Communicator` has methods, and these functions call them.
+:class:`WholeMemoryCommunicator` has methods, and these functions call them.
 """
 
 from __future__ import annotations
@@ -10,20 +10,30 @@ from __future__ import annotations
 from typing import Any
 
 from . import _lib, _registry
-from ._comm import Communicator
+from ._comm import WholeMemoryCommunicator
 from ._ops import communicator_of, get_sub_tensor
 from ._tensor import ChunkedTensor, NCCLTensor, WmTensor, WmTensorType
 
 
-def _comm(comm: Any, what: str) -> Communicator:
-    if not isinstance(comm, Communicator):
-        raise TypeError(f"{what}: expected a wholemem.Communicator, got {type(comm).__name__}")
+def _comm(comm: Any, what: str) -> WholeMemoryCommunicator:
+    if not isinstance(comm, WholeMemoryCommunicator):
+        raise TypeError(f"{what}: expected a wholemem.WholeMemoryCommunicator, got {type(comm).__name__}")
     _lib.require_init(what)
     return comm
 
 
-def get_rank(comm: Communicator) -> int:
-    """This process's rank in ``comm``.
+def get_rank(comm: WholeMemoryCommunicator) -> int:
+    """Return this process's rank in ``comm``.
+
+    Parameters
+    ----------
+    comm : WholeMemoryCommunicator
+        The communicator.
+
+    Returns
+    -------
+    int
+        ``comm.rank``.
 
     Raises
     ------
@@ -37,8 +47,18 @@ def get_rank(comm: Communicator) -> int:
     return c.rank
 
 
-def get_size(comm: Communicator) -> int:
-    """Number of ranks of ``comm``.
+def get_size(comm: WholeMemoryCommunicator) -> int:
+    """Return the number of ranks of ``comm``.
+
+    Parameters
+    ----------
+    comm : WholeMemoryCommunicator
+        The communicator.
+
+    Returns
+    -------
+    int
+        ``comm.size``.
 
     Raises
     ------
@@ -52,8 +72,13 @@ def get_size(comm: Communicator) -> int:
     return c.size
 
 
-def barrier(comm: Communicator) -> None:
+def barrier(comm: WholeMemoryCommunicator) -> None:
     """Collective: wait until every rank of ``comm`` reaches the barrier.
+
+    Parameters
+    ----------
+    comm : WholeMemoryCommunicator
+        The communicator.
 
     Raises
     ------
@@ -65,21 +90,36 @@ def barrier(comm: Communicator) -> None:
     _comm(comm, "barrier").barrier()
 
 
-def destroy_communicator(comm: Communicator) -> None:
+def destroy_communicator(comm: WholeMemoryCommunicator) -> None:
     """Collective: destroy ``comm`` (same as ``comm.destroy()``).
+
+    Parameters
+    ----------
+    comm : WholeMemoryCommunicator
+        The communicator; destroying it twice is harmless.
 
     Raises
     ------
     TypeError
         ``comm`` is not a communicator.
     """
-    if not isinstance(comm, Communicator):
-        raise TypeError(f"destroy_communicator: expected a wholemem.Communicator, got {type(comm).__name__}")
+    if not isinstance(comm, WholeMemoryCommunicator):
+        raise TypeError(f"destroy_communicator: expected a wholemem.WholeMemoryCommunicator, got {type(comm).__name__}")
     comm.destroy()
 
 
-def get_wm_communicator(t: Any) -> Communicator:
-    """The communicator a wholemem tensor was created on.
+def get_wm_communicator(t: Any) -> WholeMemoryCommunicator:
+    """Return the communicator a wholemem tensor was created on.
+
+    Parameters
+    ----------
+    t : torch.Tensor, ChunkedTensor or NCCLTensor
+        A tensor made by wholemem.
+
+    Returns
+    -------
+    WholeMemoryCommunicator
+        Its communicator.
 
     Raises
     ------
@@ -93,7 +133,19 @@ def get_wm_communicator(t: Any) -> Communicator:
 
 
 def get_wm_tensor_type(t: Any) -> WmTensorType:
-    """HOST or DEVICE for a ``torch.Tensor`` made by wholemem, CHUNKED or NCCL for the others.
+    """Return the :class:`WmTensorType` of a wholemem tensor.
+
+    HOST or DEVICE for a ``torch.Tensor`` made by wholemem, CHUNKED or NCCL for the others.
+
+    Parameters
+    ----------
+    t : torch.Tensor, ChunkedTensor or NCCLTensor
+        A tensor made by wholemem.
+
+    Returns
+    -------
+    WmTensorType
+        Its type.
 
     Raises
     ------
@@ -136,8 +188,24 @@ def _start_count_to_ranges(t: Any, start: Any, count: Any, what: str) -> tuple[l
 
 
 def get_sub_chunked_tensor(ct: ChunkedTensor, start: Any, count: Any) -> ChunkedTensor:
-    """WholeGraph's ``get_sub_chunked_tensor(ct, start, count)``: a view of ``count[d]`` entries
-    from ``start[d]`` in each dimension (missing entries: whole dimension; count -1: to the end).
+    """Return a view of ``count[d]`` entries from ``start[d]`` in each dimension of a ChunkedTensor.
+
+    WholeGraph's ``get_sub_chunked_tensor(ct, start, count)``; missing entries mean
+    the whole dimension, a count of -1 runs to the end.
+
+    Parameters
+    ----------
+    ct : ChunkedTensor
+        The tensor.
+    start : list of int
+        First entry in each dimension.
+    count : list of int
+        Number of entries in each dimension (-1: to the end).
+
+    Returns
+    -------
+    ChunkedTensor
+        The sub-tensor.
 
     Raises
     ------
@@ -154,7 +222,23 @@ def get_sub_chunked_tensor(ct: ChunkedTensor, start: Any, count: Any) -> Chunked
 
 
 def get_sub_nccl_tensor(nt: NCCLTensor, start: Any, count: Any) -> NCCLTensor:
-    """WholeGraph's ``get_sub_nccl_tensor(nt, start, count)`` (see :func:`get_sub_chunked_tensor`).
+    """Return a view of an NCCLTensor, as :func:`get_sub_chunked_tensor` does for a ChunkedTensor.
+
+    WholeGraph's ``get_sub_nccl_tensor(nt, start, count)``.
+
+    Parameters
+    ----------
+    nt : NCCLTensor
+        The tensor.
+    start : list of int
+        First entry in each dimension.
+    count : list of int
+        Number of entries in each dimension (-1: to the end).
+
+    Returns
+    -------
+    NCCLTensor
+        The sub-tensor.
 
     Raises
     ------

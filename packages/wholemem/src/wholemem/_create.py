@@ -9,7 +9,7 @@ import torch
 from distkit_common.collective import agree, allgather_json
 
 from . import _binding, _devmem, _gpu, _lib, _plain, _registry
-from ._comm import Communicator
+from ._comm import WholeMemoryCommunicator
 from ._layout import Layout, rows_per_rank
 from ._tensor import ChunkedTensor, NCCLTensor, WmTensorType
 from ._wholemem import Segment
@@ -19,7 +19,7 @@ _STEP = "create_wm_tensor"
 _ALLOC_ERRORS = (OSError, RuntimeError, ValueError)
 
 
-def _device_of(tensor_type: WmTensorType, device: Any, comm: Communicator) -> torch.device | None:
+def _device_of(tensor_type: WmTensorType, device: Any, comm: WholeMemoryCommunicator) -> torch.device | None:
     """Where a new tensor lives: None = host memory (CPU ops), else this rank's GPU."""
     if device is None:
         if tensor_type is not WmTensorType.DEVICE:
@@ -40,7 +40,7 @@ def _device_of(tensor_type: WmTensorType, device: Any, comm: Communicator) -> to
 
 
 def _check_local(
-    comm: Communicator, shape: Any, stride: Any, dtype: Any, tensor_type: Any, device: Any
+    comm: WholeMemoryCommunicator, shape: Any, stride: Any, dtype: Any, tensor_type: Any, device: Any
 ) -> tuple[Layout, torch.device | None]:
     if not isinstance(tensor_type, WmTensorType):
         raise TypeError(f"tensor_type must be a wholemem.WmTensorType, got {tensor_type!r}")
@@ -61,7 +61,7 @@ def _check_local(
 
 
 def create_wm_tensor(
-    comm: Communicator,
+    comm: WholeMemoryCommunicator,
     shape: Any,
     stride: Any = (),
     dtype: Any = torch.float32,
@@ -77,19 +77,19 @@ def create_wm_tensor(
 
     Parameters
     ----------
-    comm : Communicator
+    comm : WholeMemoryCommunicator
         Every rank of it must call with the same arguments (checked).
     shape : sequence of int
         Size of each dimension; dim 0 (rows) is partitioned.
     stride : sequence of int, default ()
         Strides in elements, or empty for a contiguous layout.
     dtype : torch.dtype, default torch.float32
-        float16, bfloat16, float32, float64, int8, int16, int32, int64, uint8 or bool.
+        One of float16, bfloat16, float32, float64, int8, int16, int32, int64, uint8 or bool.
     tensor_type : WmTensorType, default WmTensorType.CHUNKED
         HOST / DEVICE return a ``torch.Tensor``; CHUNKED a :class:`ChunkedTensor`;
         NCCL (= DISTRIBUTED) an :class:`NCCLTensor`. Zero-initialised.
-    device : str or torch.device, optional (keyword)
-        Where the elements live. Default: host memory for HOST / CHUNKED / NCCL, this
+    device : str or torch.device, optional
+        Keyword only. Where the elements live. Default: host memory for HOST / CHUNKED / NCCL, this
         rank's GPU for DEVICE. ``'cuda'`` (this rank's GPU: its local rank's, unless the
         user set one; see the README) or ``'cuda:N'``: CHUNKED = one device chunk per rank
         mapped by every rank over CUDA IPC, ops on CUDA kernels; NCCL = rank-private GPU
@@ -100,6 +100,7 @@ def create_wm_tensor(
     Returns
     -------
     torch.Tensor or ChunkedTensor or NCCLTensor
+        The new tensor (zero-initialised).
 
     Raises
     ------
@@ -113,10 +114,18 @@ def create_wm_tensor(
         (raised on every rank, before any allocation), or a failure on another rank.
     OSError
         Shared memory could not be created or mapped.
+
+    Examples
+    --------
+    >>> t = wg.create_wm_tensor(comm, [1000, 64], [], torch.float32,   # doctest: +SKIP
+    ...                         wg.WmTensorType.CHUNKED)
+    >>> wg.scatter(t, torch.tensor([3]), torch.ones(1, 64)); comm.barrier()
+    >>> wg.gather(t, torch.tensor([3, 4])).sum().item()
+    64.0
     """
     _lib.require_init(_STEP)
-    if not isinstance(comm, Communicator):
-        raise TypeError(f"comm must be a wholemem.Communicator, got {type(comm).__name__}")
+    if not isinstance(comm, WholeMemoryCommunicator):
+        raise TypeError(f"comm must be a wholemem.WholeMemoryCommunicator, got {type(comm).__name__}")
     comm.check_alive(_STEP)
     layout: Layout | None = None
     dev: torch.device | None = None
@@ -154,7 +163,7 @@ def create_wm_tensor(
     return _create_device(comm, layout, dev)
 
 
-def _create_host(comm: Communicator, layout: Layout) -> torch.Tensor:
+def _create_host(comm: WholeMemoryCommunicator, layout: Layout) -> torch.Tensor:
     """One owner-only segment made by the node leader, mapped by every rank, unlinked as
     soon as every rank has mapped it."""
     nbytes = max(layout.elems(layout.nrows) * layout.itemsize, 1)
@@ -182,7 +191,7 @@ def _create_host(comm: Communicator, layout: Layout) -> torch.Tensor:
     return _registry.register(t, _registry.HostInfo(comm, layout, seg, WmTensorType.HOST))
 
 
-def _create_chunks(comm: Communicator, layout: Layout) -> list[Any]:
+def _create_chunks(comm: WholeMemoryCommunicator, layout: Layout) -> list[Any]:
     """One owner-only segment per rank, every rank maps every one; all unlinked after mapping."""
     nbytes = max(layout.elems(rows_per_rank(layout.nrows, comm.size)) * layout.itemsize, 1)
     own = None
@@ -206,7 +215,7 @@ def _create_chunks(comm: Communicator, layout: Layout) -> list[Any]:
     return segs
 
 
-def _create_device(comm: Communicator, layout: Layout, dev: torch.device) -> torch.Tensor:
+def _create_device(comm: WholeMemoryCommunicator, layout: Layout, dev: torch.device) -> torch.Tensor:
     """One allocation on the node leader's GPU, mapped by the peers over CUDA IPC; every
     rank gets a normal CUDA tensor on its own GPU (peers read over NVLink / PCIe)."""
     nbytes = max(layout.elems(layout.nrows) * layout.itemsize, 1)

@@ -13,7 +13,7 @@ from distkit_common.dtypes import code_of
 
 from . import _checks, _gpu, _lib
 from . import _wholemem as _native
-from ._comm import Communicator
+from ._comm import WholeMemoryCommunicator
 from ._create import create_wm_tensor
 from ._io import load_local, store_local
 from ._layout import local_range, rows_per_rank
@@ -29,7 +29,15 @@ from ._wholemem import Table, optim_update
 
 @dataclass
 class SGD:
-    """Sparse SGD: ``w -= lr * (g + weight_decay * w)`` on the rows that got a gradient."""
+    """Sparse SGD: ``w -= lr * (g + weight_decay * w)`` on the rows that got a gradient.
+
+    Parameters
+    ----------
+    lr : float
+        Learning rate.
+    weight_decay : float
+        Added to the gradient as ``weight_decay * w``.
+    """
 
     lr: float = 0.01
     weight_decay: float = 0.0
@@ -39,8 +47,21 @@ class SGD:
 
 @dataclass
 class Adagrad:
-    """Sparse Adagrad: ``s += g^2; w -= lr * g / (sqrt(s) + eps)`` on touched rows
-    (WholeGraph's defaults: ``eps=1e-8``, accumulator starting at 0)."""
+    """Sparse Adagrad: ``s += g^2; w -= lr * g / (sqrt(s) + eps)`` on touched rows.
+
+    WholeGraph's defaults: ``eps=1e-8``, accumulator starting at 0.
+
+    Parameters
+    ----------
+    lr : float
+        Learning rate.
+    eps : float
+        Added to ``sqrt(s)``.
+    weight_decay : float
+        Added to the gradient as ``weight_decay * w``.
+    initial_accumulator_value : float
+        Starting value of ``s``.
+    """
 
     lr: float = 0.01
     eps: float = 1e-8
@@ -52,12 +73,22 @@ class Adagrad:
 
 @dataclass
 class LazyAdam:
-    """Lazy Adam as in WholeGraph: moments, and the bias correction, of a row move only
-    when it has a gradient.
+    """Lazy Adam as in WholeGraph: a row's moments and bias correction move only when it has a gradient.
 
     With ``t`` = the number of updates this row has had (kept per row as
     ``beta1^t, beta2^t``): ``m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
     w -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)``.
+
+    Parameters
+    ----------
+    lr : float
+        Learning rate.
+    betas : tuple of (float, float)
+        ``(b1, b2)``.
+    eps : float
+        Added to the corrected ``sqrt(v)``.
+    weight_decay : float
+        Added to the gradient as ``weight_decay * w``.
     """
 
     lr: float = 0.001
@@ -70,7 +101,19 @@ class LazyAdam:
 
 @dataclass
 class RMSProp:
-    """Sparse RMSProp: ``v = alpha*v + (1-alpha)*g^2; w -= lr * g / (sqrt(v) + eps)`` on touched rows."""
+    """Sparse RMSProp: ``v = alpha*v + (1-alpha)*g^2; w -= lr * g / (sqrt(v) + eps)`` on touched rows.
+
+    Parameters
+    ----------
+    lr : float
+        Learning rate.
+    alpha : float
+        Decay of ``v``.
+    eps : float
+        Added to ``sqrt(v)``.
+    weight_decay : float
+        Added to the gradient as ``weight_decay * w``.
+    """
 
     lr: float = 0.01
     alpha: float = 0.99
@@ -109,8 +152,12 @@ class Embedding(nn.Module):
 
     Parameters
     ----------
-    comm : Communicator
-    num_embeddings, embedding_dim : int
+    comm : WholeMemoryCommunicator
+        The ranks that share the table.
+    num_embeddings : int
+        Number of rows.
+    embedding_dim : int
+        Length of a row.
     optimizer : SGD, Adagrad, LazyAdam or RMSProp, optional
         Without one, :meth:`step` raises.
     tensor_type : WmTensorType
@@ -139,7 +186,7 @@ class Embedding(nn.Module):
 
     def __init__(
         self,
-        comm: Communicator,
+        comm: WholeMemoryCommunicator,
         num_embeddings: int,
         embedding_dim: int,
         *,
@@ -206,10 +253,27 @@ class Embedding(nn.Module):
         comm.barrier()
 
     def extra_repr(self) -> str:
+        """Describe the table in the module's ``repr``.
+
+        Returns
+        -------
+        str
+            Size, optimizer and storage.
+        """
         return f"{self.num_embeddings}, {self.embedding_dim}, optimizer={self.optimizer}, type={self.weight!r:.60}"
 
     def forward(self, indices: Any) -> torch.Tensor:
-        """Rows ``indices`` (1-D) of the table, differentiable (collective for NCCL tables).
+        """Look up rows ``indices`` (1-D) of the table, differentiably (collective for NCCL tables).
+
+        Parameters
+        ----------
+        indices : torch.Tensor or numpy.ndarray
+            1-D int32 or int64 row indices.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[len(indices), embedding_dim]``; its gradient is recorded for :meth:`step`.
 
         Raises
         ------
@@ -226,18 +290,36 @@ class Embedding(nn.Module):
         return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop the gradients recorded since the last :meth:`step`."""
+        """Drop the gradients recorded since the last :meth:`step`.
+
+        Parameters
+        ----------
+        set_to_none : bool
+            Accepted for ``nn.Module.zero_grad``'s signature; the recorded gradients are dropped either way.
+        """
         self._pending.clear()
 
     @property
     def optimizer_states(self) -> list[torch.Tensor]:
-        """This rank's optimizer state rows (Adagrad: sum of squares; LazyAdam: m, v, and the
-        per-row ``[beta1^t, beta2^t]``; RMSProp: v)."""
+        """Return this rank's optimizer state rows.
+
+        Returns
+        -------
+        list of torch.Tensor
+            Adagrad: sum of squares; LazyAdam: m, v, and the per-row ``[beta1^t, beta2^t]``;
+            RMSProp: v; SGD: none.
+        """
         return self._states + ([self._row_state] if self._row_state is not None else [])
 
     @property
     def step_count(self) -> int:
-        """Number of optimizer steps taken."""
+        """Return the number of optimizer steps taken.
+
+        Returns
+        -------
+        int
+            Steps since the table was made (or loaded).
+        """
         return self._step
 
     def _check(self, what: str) -> None:
@@ -319,10 +401,19 @@ class Embedding(nn.Module):
     def save(self, directory: str | os.PathLike[str], *, num_parts: int | None = None) -> None:
         """Collective: store the table and the optimizer state (any number of parts).
 
+        Parameters
+        ----------
+        directory : path
+            The folder to write (created if missing).
+        num_parts : int, optional
+            Number of files per tensor; one per rank when None.
+
         Raises
         ------
         OSError
             The files cannot be written.
+        ValueError
+            ``num_parts`` < 1.
         """
         self._check("Embedding.save")
         local, first = get_local_tensor(self.weight)
@@ -347,6 +438,11 @@ class Embedding(nn.Module):
 
     def load(self, directory: str | os.PathLike[str]) -> None:
         """Collective: load a table (and optimizer state) stored by :meth:`save`.
+
+        Parameters
+        ----------
+        directory : path
+            A folder written by :meth:`save` (with any number of parts).
 
         Raises
         ------

@@ -8,7 +8,7 @@ host-memory backend (``tests/scripts/gpu_fake.py``) to run the same collective e
 routing and lifetime logic on CPU-only machines.
 
 This module also remembers which devices this process ran work on, so that
-:meth:`Communicator.barrier` can wait for all of them (:func:`synchronize_used`).
+:meth:`WholeMemoryCommunicator.barrier` can wait for all of them (:func:`synchronize_used`).
 """
 
 from __future__ import annotations

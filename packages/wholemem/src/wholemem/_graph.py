@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ._comm import Communicator
+from ._comm import WholeMemoryCommunicator
 from ._graph_build import BuildOptions, build_csr
 from ._graph_check import check_csr_content, check_weights_content
 from ._graph_io import load_graph, load_wholegraph_files, save_graph
@@ -33,8 +33,9 @@ def derive_seed(seed: int, hop: int) -> int:
 
 
 class GraphStructure:
-    """The graph structure of one relation in CSR form, with node and edge attributes
-    (pylibwholegraph's ``GraphStructure``).
+    """The graph structure of one relation in CSR form, with node and edge attributes.
+
+    pylibwholegraph's ``GraphStructure``; made empty (``GraphStructure()``) or by the class methods below.
 
     ``csr_row_ptr`` (int64, ``node_count + 1`` entries) and ``csr_col_ind`` (int32 or
     int64, ``edge_count`` entries): the neighbours of node ``v`` are
@@ -54,7 +55,7 @@ class GraphStructure:
     csr_row_ptr, csr_col_ind : wholemem tensor or torch.Tensor
     node_attributes, edge_attributes : dict of str to tensor
         Rows per node / per edge (``edge_attributes["weight"]`` holds edge weights).
-    comm : Communicator or None
+    comm : WholeMemoryCommunicator or None
         The communicator of the arrays (None for a private graph).
     """
 
@@ -65,7 +66,7 @@ class GraphStructure:
         self.csr_col_ind: Any = None
         self.node_attributes: dict[str, Any] = {}
         self.edge_attributes: dict[str, Any] = {}
-        self.comm: Communicator | None = None
+        self.comm: WholeMemoryCommunicator | None = None
 
     # -- building ------------------------------------------------------------------
     def set_csr_graph(self, csr_row_ptr: Any, csr_col_ind: Any, *, validate: bool = True) -> None:
@@ -74,9 +75,9 @@ class GraphStructure:
         Parameters
         ----------
         csr_row_ptr : wholemem tensor or torch.Tensor
-            int64, 1-D, ``node_count + 1`` entries.
+            An int64, 1-D array of ``node_count + 1`` entries.
         csr_col_ind : wholemem tensor or torch.Tensor
-            int32 or int64, 1-D, ``edge_count`` entries; same communicator.
+            An int32 or int64, 1-D array of ``edge_count`` entries; same communicator.
         validate : bool, default True
             Check the content (row pointer starts at 0, never decreases, ends at
             ``edge_count``; column ids in ``[0, node_count)``), each rank its own part.
@@ -124,6 +125,13 @@ class GraphStructure:
     def set_node_attribute(self, attr_name: str, attr_tensor: Any) -> None:
         """Attach rows per node (e.g. features, labels) under ``attr_name``.
 
+        Parameters
+        ----------
+        attr_name : str
+            The attribute's name.
+        attr_tensor : wholemem tensor or torch.Tensor
+            ``node_count`` rows.
+
         Raises
         ------
         RuntimeError
@@ -137,8 +145,16 @@ class GraphStructure:
         self.node_attributes[attr_name] = attr_tensor
 
     def set_edge_attribute(self, attr_name: str, attr_tensor: Any, *, validate: bool = True) -> None:
-        """Attach rows per edge under ``attr_name``; ``"weight"`` holds sampling weights
-        (1-D float32 / float64, checked finite and >= 0, collectively, when ``validate``).
+        """Attach rows per edge under ``attr_name``; ``"weight"`` holds sampling weights.
+
+        Parameters
+        ----------
+        attr_name : str
+            The attribute's name.
+        attr_tensor : wholemem tensor or torch.Tensor
+            ``edge_count`` rows; for ``"weight"`` 1-D float32 / float64, finite and >= 0.
+        validate : bool, default True
+            Check the weights (collectively, each rank its own part).
 
         Raises
         ------
@@ -162,7 +178,7 @@ class GraphStructure:
     @classmethod
     def from_edge_list(
         cls,
-        comm: Communicator | None,
+        comm: WholeMemoryCommunicator | None,
         src: Any,
         dst: Any,
         num_nodes: int,
@@ -183,7 +199,7 @@ class GraphStructure:
 
         Parameters
         ----------
-        comm : Communicator or None
+        comm : WholeMemoryCommunicator or None
             Every rank calls with its part of the edges; None builds a private graph
             (plain tensors) in this process.
         src, dst : torch.Tensor or numpy.ndarray
@@ -191,13 +207,13 @@ class GraphStructure:
         num_nodes : int
             Number of nodes (the same on every rank).
         edge_weight : torch.Tensor, optional
-            float32 / float64 per edge, finite and >= 0; stored as edge attribute ``"weight"``.
+            One float32 / float64 per edge, finite and >= 0; stored as edge attribute ``"weight"``.
         edge_features : torch.Tensor, optional
             ``[num_edges, ...]`` rows per edge; stored as edge attribute ``"features"``.
         tensor_type : WmTensorType, default HOST
             Storage of the arrays (HOST: one shared copy per node).
         col_dtype : torch.dtype, default torch.int64
-            int32 halves the column array for graphs below 2^31 nodes.
+            The column ids' dtype: int32 halves the column array for graphs below 2^31 nodes.
         add_reverse_edges : bool
             Add ``dst -> src`` for every edge (an undirected graph from one direction).
         remove_self_loops : bool
@@ -212,6 +228,7 @@ class GraphStructure:
         Returns
         -------
         GraphStructure
+            The graph (the same on every rank).
 
         Raises
         ------
@@ -227,8 +244,8 @@ class GraphStructure:
             raise TypeError(f"tensor_type must be a wholemem.WmTensorType, got {tensor_type!r}")
         if col_dtype not in (torch.int32, torch.int64):
             raise TypeError(f"col_dtype must be torch.int32 or torch.int64, got {col_dtype!r}")
-        if comm is not None and not isinstance(comm, Communicator):
-            raise TypeError(f"comm must be a wholemem.Communicator or None, got {type(comm).__name__}")
+        if comm is not None and not isinstance(comm, WholeMemoryCommunicator):
+            raise TypeError(f"comm must be a wholemem.WholeMemoryCommunicator or None, got {type(comm).__name__}")
         opts = BuildOptions(
             num_nodes=0,
             tensor_type=tensor_type,
@@ -250,7 +267,7 @@ class GraphStructure:
     @classmethod
     def from_files(
         cls,
-        comm: Communicator,
+        comm: WholeMemoryCommunicator,
         csr_row_ptr_file: str | os.PathLike[str],
         csr_col_ind_file: str | os.PathLike[str],
         *,
@@ -259,8 +276,32 @@ class GraphStructure:
         edge_weight_file: str | os.PathLike[str] | None = None,
         weight_dtype: torch.dtype = torch.float32,
     ) -> GraphStructure:
-        """Collective: load WholeGraph's raw CSR file lists (the file itself, or its parts
-        ``<file>_part_<i>_of_<n>``, as :func:`create_wm_tensor_from_file`) and check them.
+        """Load WholeGraph's raw CSR file lists and check them (collective).
+
+        Each list is the file itself, or its parts ``<file>_part_<i>_of_<n>``, as
+        :func:`create_wm_tensor_from_file` reads them.
+
+        Parameters
+        ----------
+        comm : WholeMemoryCommunicator
+            The ranks that share the arrays.
+        csr_row_ptr_file : path
+            The int64 row pointer's file (list).
+        csr_col_ind_file : path
+            The column ids' file (list).
+        col_dtype : torch.dtype
+            The column ids' type in the files: int32 or int64.
+        tensor_type : WmTensorType
+            Storage of the arrays.
+        edge_weight_file : path, optional
+            The edge weights' file (list), stored as edge attribute ``"weight"``.
+        weight_dtype : torch.dtype
+            The weights' type in the files: float32 or float64.
+
+        Returns
+        -------
+        GraphStructure
+            The graph.
 
         Raises
         ------
@@ -281,8 +322,16 @@ class GraphStructure:
         return g
 
     def save(self, directory: str | os.PathLike[str], *, num_parts: int | None = None) -> None:
-        """Collective: store the arrays and attributes under ``directory`` (any number of
-        parts, each array as :func:`store_to_files` writes it, plus ``graph.json``).
+        """Store the arrays and attributes under ``directory`` (collective).
+
+        Any number of parts, each array as :func:`store_to_files` writes it, plus ``graph.json``.
+
+        Parameters
+        ----------
+        directory : path
+            The folder to write.
+        num_parts : int, optional
+            Number of files per array; one per rank when None.
 
         Raises
         ------
@@ -300,12 +349,26 @@ class GraphStructure:
     @classmethod
     def load(
         cls,
-        comm: Communicator,
+        comm: WholeMemoryCommunicator,
         directory: str | os.PathLike[str],
         *,
         tensor_type: WmTensorType = WmTensorType.HOST,
     ) -> GraphStructure:
-        """Collective: a graph stored by :meth:`save`, in tensors of ``tensor_type``, checked.
+        """Load a graph stored by :meth:`save`, in tensors of ``tensor_type``, and check it (collective).
+
+        Parameters
+        ----------
+        comm : WholeMemoryCommunicator
+            The ranks that share the arrays (any number).
+        directory : path
+            The folder :meth:`save` wrote.
+        tensor_type : WmTensorType
+            Storage of the arrays.
+
+        Returns
+        -------
+        GraphStructure
+            The graph.
 
         Raises
         ------
@@ -326,8 +389,20 @@ class GraphStructure:
         return g
 
     def view(self, device: Any) -> GraphStructure:
-        """The graph as seen from ``device`` (each wholemem array through
-        :func:`get_tensor_view`, e.g. a HOST graph mapped for a GPU without a copy).
+        """Return the graph as seen from ``device``.
+
+        Each wholemem array goes through :func:`get_tensor_view` (e.g. a HOST graph
+        mapped for a GPU without a copy).
+
+        Parameters
+        ----------
+        device : str or torch.device
+            ``'cpu'``, ``'cuda'`` or ``'cuda:N'``.
+
+        Returns
+        -------
+        GraphStructure
+            A graph over the views (attributes included).
 
         Raises
         ------
@@ -346,27 +421,57 @@ class GraphStructure:
     # -- accessors -----------------------------------------------------------------
     @property
     def row_ptr(self) -> Any:
-        """Alias of ``csr_row_ptr``."""
+        """Return ``csr_row_ptr`` (an alias).
+
+        Returns
+        -------
+        wholemem tensor or torch.Tensor
+            The row pointer.
+        """
         return self.csr_row_ptr
 
     @property
     def col_idx(self) -> Any:
-        """Alias of ``csr_col_ind``."""
+        """Return ``csr_col_ind`` (an alias).
+
+        Returns
+        -------
+        wholemem tensor or torch.Tensor
+            The column ids.
+        """
         return self.csr_col_ind
 
     @property
     def edge_weight(self) -> Any:
-        """Edge attribute ``"weight"``, or None."""
+        """Return edge attribute ``"weight"``.
+
+        Returns
+        -------
+        wholemem tensor, torch.Tensor or None
+            The weights, or None.
+        """
         return self.edge_attributes.get(WEIGHT)
 
     @property
     def edge_features(self) -> Any:
-        """Edge attribute ``"features"``, or None."""
+        """Return edge attribute ``"features"``.
+
+        Returns
+        -------
+        wholemem tensor, torch.Tensor or None
+            The features, or None.
+        """
         return self.edge_attributes.get(FEATURES)
 
     @property
     def tensor_type(self) -> str:
-        """``HOST`` / ``CHUNKED`` / ``NCCL`` / ``DEVICE``, or ``private`` for plain tensors."""
+        """Name the storage of the arrays.
+
+        Returns
+        -------
+        str
+            ``HOST`` / ``CHUNKED`` / ``NCCL`` / ``DEVICE``, or ``private`` for plain tensors.
+        """
         return tensor_type_name(self.csr_row_ptr) if self.csr_row_ptr is not None else "unset"
 
     def __repr__(self) -> str:
@@ -390,10 +495,28 @@ class GraphStructure:
         need_center_local_output: bool = False,
         need_edge_output: bool = False,
     ) -> tuple[torch.Tensor, ...]:
-        """Up to ``max_sample_count`` distinct neighbours of each center, uniformly.
+        """Sample up to ``max_sample_count`` distinct neighbours of each center, uniformly.
 
-        Returns ``(sample_offset, dest[, center_local][, edge_id])`` as
-        :func:`unweighted_sample_without_replacement`.
+        As :func:`unweighted_sample_without_replacement` on this graph.
+
+        Parameters
+        ----------
+        center_nodes_tensor : torch.Tensor
+            1-D int32 / int64 node ids.
+        max_sample_count : int
+            Neighbours per center at most (> 0).
+        random_seed : int, optional
+            Seed of the Philox streams; drawn at random when None.
+        need_center_local_output : bool
+            Also return every sampled edge's center index (``center_local``).
+        need_edge_output : bool
+            Also return every sampled edge's id (``edge_id``).
+
+        Returns
+        -------
+        tuple of torch.Tensor
+            ``(sample_offset, dest[, center_local][, edge_id])``: ``dest`` holds the
+            neighbours of center ``i`` at ``sample_offset[i]:sample_offset[i + 1]``.
 
         Raises
         ------
@@ -424,11 +547,31 @@ class GraphStructure:
         need_center_local_output: bool = False,
         need_edge_output: bool = False,
     ) -> tuple[torch.Tensor, ...]:
-        """Up to ``max_sample_count`` distinct neighbours of each center, drawn one after
-        another with probability proportional to the weights in edge attribute ``weight_name``.
+        """Sample up to ``max_sample_count`` distinct neighbours of each center, by weight.
 
-        Returns ``(sample_offset, dest[, center_local][, edge_id])`` as
-        :func:`weighted_sample_without_replacement`.
+        Drawn one after another with probability proportional to the weights in edge
+        attribute ``weight_name``, as :func:`weighted_sample_without_replacement`.
+
+        Parameters
+        ----------
+        weight_name : str
+            The edge attribute holding the weights.
+        center_nodes_tensor : torch.Tensor
+            1-D int32 / int64 node ids.
+        max_sample_count : int
+            Neighbours per center at most (> 0).
+        random_seed : int, optional
+            Seed of the Philox streams; drawn at random when None.
+        need_center_local_output : bool
+            Also return every sampled edge's center index (``center_local``).
+        need_edge_output : bool
+            Also return every sampled edge's id (``edge_id``).
+
+        Returns
+        -------
+        tuple of torch.Tensor
+            ``(sample_offset, dest[, center_local][, edge_id])``: ``dest`` holds the
+            neighbours of center ``i`` at ``sample_offset[i]:sample_offset[i + 1]``.
 
         Raises
         ------
@@ -461,8 +604,20 @@ class GraphStructure:
         *,
         random_seed: int | None = None,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-        """pylibwholegraph's multi-hop sampler: ``len(max_neighbors)`` hops outward from
-        ``node_ids``, layer 0 the outermost.
+        """Sample ``len(max_neighbors)`` hops outward from ``node_ids``, layer 0 the outermost.
+
+        pylibwholegraph's multi-hop sampler.
+
+        Parameters
+        ----------
+        node_ids : torch.Tensor
+            1-D int32 / int64 seed nodes.
+        max_neighbors : sequence of int
+            Fan-out of each hop, outermost first (each > 0).
+        weight_name : str, optional
+            Sample by the weights in this edge attribute; uniformly when None.
+        random_seed : int, optional
+            Seed of the sampler; drawn at random when None.
 
         Returns
         -------

@@ -19,7 +19,7 @@ import torch
 
 from distkit_common.validate import as_index_tensor, check_int
 
-from ._comm import Communicator
+from ._comm import WholeMemoryCommunicator
 from ._graph_collective import agree, allgather_int, allgather_json
 from ._graph_tensors import create_array, scatter_rows
 from ._tensor import WmTensorType
@@ -146,7 +146,7 @@ def _from_bytes(b: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return b.contiguous().view(like.dtype).reshape(n, *like.shape[1:])
 
 
-def _route(comm: Communicator | None, e: EdgeParts, num_nodes: int) -> EdgeParts:
+def _route(comm: WholeMemoryCommunicator | None, e: EdgeParts, num_nodes: int) -> EdgeParts:
     """Send every edge to the rank that owns its source node (rank order kept)."""
     if comm is None or comm.size == 1:
         return e
@@ -192,7 +192,7 @@ def _sort_and_filter(e: EdgeParts, remove_duplicates: bool) -> EdgeParts:
 
 
 def build_csr(
-    comm: Communicator | None,
+    comm: WholeMemoryCommunicator | None,
     src: Any,
     dst: Any,
     num_nodes: Any,

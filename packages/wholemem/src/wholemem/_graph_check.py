@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ._comm import Communicator
+from ._comm import WholeMemoryCommunicator
 from ._graph_collective import agree
 from ._graph_tensors import device_of, local_part, read_rows
 
@@ -65,7 +65,7 @@ def _check_col_part(local: torch.Tensor, first: int, num_nodes: int) -> None:
         raise IndexError(f"csr_col_ind[{first + pos}] = {int(local[pos])} is out of range [0, {num_nodes})")
 
 
-def check_csr_content(comm: Communicator | None, row_ptr: Any, col: Any) -> None:
+def check_csr_content(comm: WholeMemoryCommunicator | None, row_ptr: Any, col: Any) -> None:
     """Collective: the row pointer and column ids form a valid CSR (see the module doc).
 
     Raises
@@ -87,7 +87,7 @@ def check_csr_content(comm: Communicator | None, row_ptr: Any, col: Any) -> None
     agree(comm, "GraphStructure: CSR check", err)
 
 
-def check_weights_content(comm: Communicator | None, name: str, weights: Any) -> None:
+def check_weights_content(comm: WholeMemoryCommunicator | None, name: str, weights: Any) -> None:
     """Collective: edge weights are finite and >= 0 (ValueError on every rank otherwise)."""
     err: Exception | None = None
     try:

@@ -1,6 +1,6 @@
 """The few collectives the graph code needs, on distkit-common's agreement helpers.
 
-A :class:`Communicator` is a ``distkit_common.collective`` group (``rank``, ``size``,
+A :class:`WholeMemoryCommunicator` is a ``distkit_common.collective`` group (``rank``, ``size``,
 ``allgather_bytes``); payloads are JSON, never pickle. ``comm=None`` stands for a single
 process: every collective returns this process's own contribution.
 """
@@ -11,22 +11,22 @@ from typing import Any
 
 from distkit_common import collective
 
-from ._comm import Communicator
+from ._comm import WholeMemoryCommunicator
 
 
-def allgather_json(comm: Communicator | None, obj: Any) -> list[Any]:
+def allgather_json(comm: WholeMemoryCommunicator | None, obj: Any) -> list[Any]:
     """Collective: every rank's JSON-serialisable ``obj``, in rank order."""
     if comm is None:  # this process alone (never distkit-common's default: the torch world group)
         return [obj]
     return collective.allgather_json(obj, comm)
 
 
-def allgather_int(comm: Communicator | None, value: int) -> list[int]:
+def allgather_int(comm: WholeMemoryCommunicator | None, value: int) -> list[int]:
     """Collective: every rank's integer, in rank order."""
     return [int(v) for v in allgather_json(comm, int(value))]
 
 
-def agree(comm: Communicator | None, step: str, error: BaseException | None) -> None:
+def agree(comm: WholeMemoryCommunicator | None, step: str, error: BaseException | None) -> None:
     """Collective: raise on every rank when any rank failed ``step``.
 
     The failing rank re-raises its own exception; the others raise a
@@ -42,7 +42,7 @@ def agree(comm: Communicator | None, step: str, error: BaseException | None) -> 
     collective.agree(comm, step, error)
 
 
-def run_agreed(comm: Communicator | None, step: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+def run_agreed(comm: WholeMemoryCommunicator | None, step: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Run ``fn`` on every rank, then :func:`agree` on its outcome; returns its result."""
     try:
         result = fn(*args, **kwargs)

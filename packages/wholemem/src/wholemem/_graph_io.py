@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ._comm import Communicator
+from ._comm import WholeMemoryCommunicator
 from ._graph_collective import agree, run_agreed
 from ._graph_tensors import (
     create_array,
@@ -37,7 +37,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def load_wholegraph_files(
-    comm: Communicator,
+    comm: WholeMemoryCommunicator,
     row_ptr_file: Any,
     col_file: Any,
     col_dtype: torch.dtype,
@@ -68,7 +68,7 @@ def _describe(t: Any) -> dict[str, Any]:
 
 
 def save_graph(
-    comm: Communicator | None,
+    comm: WholeMemoryCommunicator | None,
     arrays: dict[str, Any],
     node_count: int,
     edge_count: int,
@@ -162,7 +162,7 @@ def _read_all_meta(d: Path) -> dict[str, Any]:
     return meta
 
 
-def load_graph(comm: Communicator, directory: Any, tensor_type: WmTensorType) -> dict[str, Any]:
+def load_graph(comm: WholeMemoryCommunicator, directory: Any, tensor_type: WmTensorType) -> dict[str, Any]:
     """Collective: the arrays of the graph saved under ``directory`` (named as
     :func:`save_graph` names them), in tensors of ``tensor_type``; every file is checked."""
     d = Path(directory)

@@ -106,7 +106,7 @@ def unweighted_sample_without_replacement(*args: Any, **kwargs: Any) -> tuple[to
     center_nodes_tensor : torch.Tensor
         1-D int32 / int64 node ids, on the graph's device (CPU, or the GPU of a GPU graph).
     max_sample_count : int
-        > 0. (WholeGraph took <= 0 as "all neighbours"; here it is an error.)
+        At least 1 (WholeGraph took <= 0 as "all neighbours"; here it is an error).
     random_seed : int, optional
         In [0, 2^64); default: drawn from torch's default generator.
     need_center_local_output, need_edge_output : bool

@@ -288,7 +288,7 @@ def append_unique(
     neighbor_node_tensor: torch.Tensor,
     need_neighbor_raw_to_unique: bool = False,
 ) -> Any:
-    """WholeGraph's ``append_unique``: the targets followed by the neighbours not seen before.
+    """Return the targets followed by the neighbours not seen before (WholeGraph's ``append_unique``).
 
     ``output_unique_node = [targets..., new neighbours in order of first appearance]``:
     the targets keep their positions (a repeated target too), and each neighbour id not
@@ -306,6 +306,7 @@ def append_unique(
         1-D, both int32 or both int64, on the same device (CPU: native hash table; CUDA:
         torch ops).
     need_neighbor_raw_to_unique : bool, default False
+        Whether to also return the position of every neighbour in the output.
 
     Returns
     -------

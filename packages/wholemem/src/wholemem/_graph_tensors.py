@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ._comm import Communicator
+from ._comm import WholeMemoryCommunicator
 from ._compat import get_wm_communicator, get_wm_tensor_type
 from ._create import create_wm_tensor
 from ._io import create_wm_tensor_from_file, load_from_files, stat_filelist_element_count, store_to_files
@@ -39,7 +39,7 @@ def is_array(t: Any) -> bool:
     return isinstance(t, (torch.Tensor, ChunkedTensor, NCCLTensor))
 
 
-def comm_of(t: Any) -> Communicator | None:
+def comm_of(t: Any) -> WholeMemoryCommunicator | None:
     """The communicator of a wholemem tensor; None for a plain tensor."""
     return get_wm_communicator(t) if is_wholemem(t) else None
 
@@ -78,7 +78,9 @@ def read_rows(t: Any, idx: torch.Tensor) -> torch.Tensor:
     return gather(t, idx)
 
 
-def create_array(comm: Communicator | None, shape: list[int], dtype: torch.dtype, tensor_type: WmTensorType) -> Any:
+def create_array(
+    comm: WholeMemoryCommunicator | None, shape: list[int], dtype: torch.dtype, tensor_type: WmTensorType
+) -> Any:
     """Collective: a zeroed wholemem tensor on ``comm`` (a plain tensor for comm None)."""
     if comm is None:
         return torch.zeros(shape, dtype=dtype)
@@ -105,7 +107,7 @@ def view_on(t: Any, device: Any) -> Any:
 
 
 def create_from_file(
-    comm: Communicator, filename: Any, dtype: torch.dtype, tensor_type: WmTensorType, count: int
+    comm: WholeMemoryCommunicator, filename: Any, dtype: torch.dtype, tensor_type: WmTensorType, count: int
 ) -> Any:
     """Collective: a 1-D tensor of ``count`` elements filled from a WholeGraph file list."""
     return create_wm_tensor_from_file([count], dtype, comm, filename, tensor_type)

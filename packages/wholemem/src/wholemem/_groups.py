@@ -17,21 +17,21 @@ import torch.distributed as dist
 from distkit_common.validate import check_int
 
 from . import _lib
-from ._comm import Communicator, communicator_from_process_group
+from ._comm import WholeMemoryCommunicator, communicator_from_process_group
 
 _GLOBAL = "global"
 _DEVICE = "device"
 
 
-def _check_comm(comm: Any, what: str) -> Communicator:
+def _check_comm(comm: Any, what: str) -> WholeMemoryCommunicator:
     _lib.require_init(what)
-    if not isinstance(comm, Communicator):
-        raise TypeError(f"{what}: comm must be a wholemem.Communicator, got {type(comm).__name__}")
+    if not isinstance(comm, WholeMemoryCommunicator):
+        raise TypeError(f"{what}: comm must be a wholemem.WholeMemoryCommunicator, got {type(comm).__name__}")
     comm.check_alive(what)
     return comm
 
 
-def split_communicator(comm: Communicator, color: int, key: int = 0) -> Communicator | None:
+def split_communicator(comm: WholeMemoryCommunicator, color: int, key: int = 0) -> WholeMemoryCommunicator | None:
     """Collective: split ``comm`` into communicators of the ranks that pass the same ``color``.
 
     pylibwholegraph's ``split_communicator(comm, color, key=0)``: ranks with equal
@@ -43,7 +43,7 @@ def split_communicator(comm: Communicator, color: int, key: int = 0) -> Communic
 
     Parameters
     ----------
-    comm : Communicator
+    comm : WholeMemoryCommunicator
         The communicator to split.
     color : int
         Group of this rank; negative: none.
@@ -52,7 +52,8 @@ def split_communicator(comm: Communicator, color: int, key: int = 0) -> Communic
 
     Returns
     -------
-    Communicator or None
+    WholeMemoryCommunicator or None
+        This rank's new communicator, or None for a negative ``color``.
 
     Raises
     ------
@@ -65,9 +66,10 @@ def split_communicator(comm: Communicator, color: int, key: int = 0) -> Communic
     return _check_comm(comm, "split_communicator").split(color, key)
 
 
-def get_global_communicator() -> Communicator:
-    """Collective on first use: the communicator of every rank of the ``torch.distributed``
-    job (its default group); the same object on later calls, until it is destroyed or
+def get_global_communicator() -> WholeMemoryCommunicator:
+    """Return the communicator of every rank of the ``torch.distributed`` job (collective on first use).
+
+    Its default group; the same object on later calls, until it is destroyed or
     :func:`finalize_lib` runs.
 
     pylibwholegraph's ``get_global_communicator()``; ``init_process_group`` (e.g. under
@@ -76,7 +78,8 @@ def get_global_communicator() -> Communicator:
 
     Returns
     -------
-    Communicator
+    WholeMemoryCommunicator
+        The job's communicator (the same object on later calls).
 
     Raises
     ------
@@ -92,13 +95,13 @@ def get_global_communicator() -> Communicator:
             "or make a communicator with create_communicator / communicator_from_mpi4py)"
         )
     comm = _lib.cached.get(_GLOBAL)
-    if not isinstance(comm, Communicator) or comm.destroyed:
+    if not isinstance(comm, WholeMemoryCommunicator) or comm.destroyed:
         comm = communicator_from_process_group()
         _lib.cached[_GLOBAL] = comm
     return comm
 
 
-def get_local_node_communicator(comm: Communicator | None = None) -> Communicator:
+def get_local_node_communicator(comm: WholeMemoryCommunicator | None = None) -> WholeMemoryCommunicator:
     """Collective on first use: the communicator of the ranks of ``comm`` on this node.
 
     pylibwholegraph's ``get_local_node_communicator()``, which splits the global
@@ -114,12 +117,13 @@ def get_local_node_communicator(comm: Communicator | None = None) -> Communicato
 
     Parameters
     ----------
-    comm : Communicator, optional
+    comm : WholeMemoryCommunicator, optional
         Default: :func:`get_global_communicator` (the ``torch.distributed`` job).
 
     Returns
     -------
-    Communicator
+    WholeMemoryCommunicator
+        The communicator of this node's ranks of ``comm``.
 
     Raises
     ------
@@ -133,7 +137,7 @@ def get_local_node_communicator(comm: Communicator | None = None) -> Communicato
     return _check_comm(comm, "get_local_node_communicator").node_communicator()
 
 
-def create_group_communicator(group_size: int = -1, comm_stride: int = 1) -> Communicator:
+def create_group_communicator(group_size: int = -1, comm_stride: int = 1) -> WholeMemoryCommunicator:
     """Collective: split the ``torch.distributed`` job into groups of ``group_size`` ranks.
 
     pylibwholegraph's ``create_group_communicator(group_size=-1, comm_stride=1)``: ranks
@@ -151,7 +155,7 @@ def create_group_communicator(group_size: int = -1, comm_stride: int = 1) -> Com
 
     Returns
     -------
-    Communicator
+    WholeMemoryCommunicator
         The group of this rank (a new communicator on every call).
 
     Raises
@@ -185,7 +189,7 @@ def create_group_communicator(group_size: int = -1, comm_stride: int = 1) -> Com
     return child
 
 
-def get_local_device_communicator() -> Communicator:
+def get_local_device_communicator() -> WholeMemoryCommunicator:
     """Collective on first use: a communicator of this rank alone.
 
     pylibwholegraph's ``get_local_device_communicator()`` (the ranks of one GPU: one
@@ -194,7 +198,8 @@ def get_local_device_communicator() -> Communicator:
 
     Returns
     -------
-    Communicator
+    WholeMemoryCommunicator
+        The communicator of this rank alone.
 
     Raises
     ------
@@ -203,7 +208,7 @@ def get_local_device_communicator() -> Communicator:
     """
     _lib.require_init("get_local_device_communicator")
     comm = _lib.cached.get(_DEVICE)
-    if not isinstance(comm, Communicator) or comm.destroyed:
+    if not isinstance(comm, WholeMemoryCommunicator) or comm.destroyed:
         world = get_global_communicator()
         comm = world if world.size == 1 else world.split(world.rank, 0)
         assert comm is not None

@@ -22,7 +22,7 @@ import torch
 
 from distkit_common.collective import agree
 
-from ._comm import Communicator
+from ._comm import WholeMemoryCommunicator
 from ._create import create_wm_tensor
 from ._layout import local_range
 from ._ops import communicator_of, get_local_tensor
@@ -39,7 +39,7 @@ def _bytes_of(rows: torch.Tensor) -> memoryview:
 
 
 def store_local(
-    comm: Communicator,
+    comm: WholeMemoryCommunicator,
     nrows: int,
     row_shape: Sequence[int],
     dtype: torch.dtype,
@@ -140,7 +140,7 @@ def _resolve(files: Any, prefix: str) -> tuple[list[Path], dict[str, Any] | None
 
 
 def load_local(
-    comm: Communicator,
+    comm: WholeMemoryCommunicator,
     nrows: int,
     row_shape: Sequence[int],
     dtype: torch.dtype,
@@ -246,8 +246,22 @@ def load_from_files(t: Any, files: Any, *, prefix: str = "part") -> None:
 
 
 def stat_filelist_element_count(file_prefix: str | os.PathLike[str], dtype: torch.dtype) -> int:
-    """Elements of ``dtype`` in a WholeGraph file list (the file ``file_prefix`` or its parts
-    ``<file_prefix>_part_<i>_of_<n>``), as the original's ``stat_filelist_element_count``.
+    """Count the elements of ``dtype`` in a WholeGraph file list.
+
+    The file list is the file ``file_prefix`` or its parts ``<file_prefix>_part_<i>_of_<n>``,
+    as the original's ``stat_filelist_element_count`` reads it.
+
+    Parameters
+    ----------
+    file_prefix : path
+        The file, or the prefix of its parts.
+    dtype : torch.dtype
+        The element type.
+
+    Returns
+    -------
+    int
+        Total bytes of the files divided by the element size.
 
     Raises
     ------
@@ -270,29 +284,35 @@ def stat_filelist_element_count(file_prefix: str | os.PathLike[str], dtype: torc
 def create_wm_tensor_from_file(
     shape: Sequence[int],
     dtype: torch.dtype,
-    comm: Communicator,
+    comm: WholeMemoryCommunicator,
     filename: str | os.PathLike[str],
     tensor_type: Any = None,
     part_count: int = 0,
 ) -> Any:
-    """Collective: WholeGraph's ``create_wm_tensor_from_file(shape, dtype, wm_comm, filename,
-    wm_tensor_type=CHUNKED, part_count=0)``: a tensor filled from a file list.
+    """Create a wholemem tensor filled from a file list (collective).
+
+    WholeGraph's ``create_wm_tensor_from_file(shape, dtype, wm_comm, filename,
+    wm_tensor_type=CHUNKED, part_count=0)``.
 
     Parameters
     ----------
     shape : sequence of int
         The tensor's shape; empty = 1-D with one entry per element of the files.
     dtype : torch.dtype
-    comm : Communicator
+        The element type of the files and the tensor.
+    comm : WholeMemoryCommunicator
+        Every rank of it must call with the same arguments.
     filename : path
         The file, or the prefix of ``<filename>_part_<i>_of_<n>`` parts.
     tensor_type : WmTensorType, default CHUNKED
+        The kind of tensor (as for :func:`create_wm_tensor`).
     part_count : int
         Accepted for compatibility; the parts found on disk are used (any number).
 
     Returns
     -------
     torch.Tensor or ChunkedTensor or NCCLTensor
+        The new tensor, holding the files' elements in order.
 
     Raises
     ------

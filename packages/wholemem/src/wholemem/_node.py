@@ -1,12 +1,9 @@
 """Which machine this process runs on, and how peers on other machines reach it.
 
 Two ranks are on one node, and may share a HOST / CHUNKED / DEVICE tensor, only when
-they have the same hostname, the same boot id (``/proc/sys/kernel/random/boot_id``:
-two machines, or two boots of one machine, never share one) and the same ``/dev/shm``
-(containers on one machine may each mount their own; their segments would then be
-invisible to each other). Hostnames alone are not enough: containers and cloud images
-reuse them; boot ids alone are not either: containers (and the simulated cluster's
-hosts) on one machine share the kernel's.
+:func:`distkit_common.node.node_key` says so (the same hostname, boot id and
+``/dev/shm``; ``$DISTKIT_NODE_ID`` makes ranks of one machine act as separate nodes
+in tests), the decision kvps makes too.
 """
 
 from __future__ import annotations
@@ -19,12 +16,10 @@ import socket
 import struct
 from dataclasses import dataclass
 
-#: testing hook: ranks of one machine with different values act as separate nodes
-NODE_ID_ENV = "WHOLEMEM_NODE_ID"
+from distkit_common.node import node_key, node_label
+
 #: the address a rendezvous store started in this process is advertised under
 HOST_ENV = "WHOLEMEM_HOST"
-_BOOT_ID = "/proc/sys/kernel/random/boot_id"
-_SHM = "/dev/shm"
 #: Linux ioctl reading an interface's IPv4 address (netdevice(7))
 _SIOCGIFADDR = 0x8915
 #: any port: connecting a UDP socket sends nothing, it only picks the route and source address
@@ -47,22 +42,6 @@ class NodeInfo:
         if not (isinstance(obj, list) and len(obj) == 3 and isinstance(obj[2], list)):
             raise ValueError(f"malformed node description from a peer: {obj!r}")
         return NodeInfo(str(obj[0]), str(obj[1]), [str(a) for a in obj[2]])
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def _shm_identity() -> str:
-    try:
-        st = os.stat(_SHM)
-    except OSError:
-        return ""
-    return f"{st.st_dev}:{st.st_ino}"
 
 
 def _interface_address(name: str) -> str | None:
@@ -104,13 +83,7 @@ def _is_loopback(addr: str) -> bool:
 
 def local_node() -> NodeInfo:
     """This process's :class:`NodeInfo`."""
-    hostname = socket.gethostname()
-    override = os.environ.get(NODE_ID_ENV)
-    if override:
-        key, label = f"override/{override}", f"node {override}"
-    else:
-        key, label = f"{hostname}/{_read(_BOOT_ID)}/{_shm_identity()}", hostname
-    addresses = set(_resolve(hostname))
+    addresses = set(_resolve(socket.gethostname()))
     # gloo binds the interface GLOO_SOCKET_IFNAME names (else the hostname's address)
     for name in filter(None, os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")):
         addr = _interface_address(name.strip())
@@ -121,7 +94,7 @@ def local_node() -> NodeInfo:
         src = _route_source(master)
         if src:
             addresses.add(src)
-    return NodeInfo(key, label, sorted(a for a in addresses if not _is_loopback(a)))
+    return NodeInfo(node_key(), node_label(), sorted(a for a in addresses if not _is_loopback(a)))
 
 
 def advertised_host() -> str:

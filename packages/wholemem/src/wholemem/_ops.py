@@ -12,14 +12,14 @@ from typing import Any
 import torch
 
 from . import _lib, _plain
-from ._comm import Communicator
+from ._comm import WholeMemoryCommunicator
 from ._tensor import WmTensor, check_ranges
 
 WmAny = Any  # torch.Tensor | ChunkedTensor | NCCLTensor
 
 
 def gather(t: WmAny, indices: Any, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Rows ``indices`` of ``t``: ``out[i] = t[indices[i]]``.
+    """Read rows ``indices`` of ``t``: ``out[i] = t[indices[i]]``.
 
     Collective for NCCL tensors (every rank calls it, with its own indices).
 
@@ -36,6 +36,7 @@ def gather(t: WmAny, indices: Any, out: torch.Tensor | None = None) -> torch.Ten
     Returns
     -------
     torch.Tensor
+        The rows, ``[len(indices), *t.shape[1:]]`` (``out`` when given).
 
     Raises
     ------
@@ -64,6 +65,7 @@ def scatter(t: WmAny, indices: Any, values: Any) -> None:
     Parameters
     ----------
     t : torch.Tensor, ChunkedTensor or NCCLTensor
+        Any wholemem tensor (or any CPU tensor).
     indices : torch.Tensor or numpy.ndarray
         1-D int64 or int32 row indices in ``[0, t.shape[0])``, on the CPU (or, for a
         GPU-resident tensor, on its GPU).
@@ -98,7 +100,7 @@ def get_partition_plan(t: Any, total_entry_count: int | None = None) -> tuple[in
 
     Parameters
     ----------
-    t : wholemem tensor or Communicator
+    t : wholemem tensor or WholeMemoryCommunicator
         A tensor made by :func:`create_wm_tensor` (N = ``t.shape[0]``), or a communicator
         together with ``total_entry_count``.
     total_entry_count : int, optional
@@ -106,9 +108,15 @@ def get_partition_plan(t: Any, total_entry_count: int | None = None) -> tuple[in
 
     Returns
     -------
-    (local_start, local_entry_count, entry_per_rank, total_entry_count) : tuple of int
-        This rank's first row, its number of rows, ``k`` and N. Ranks past the end get
-        ``local_start = N`` and 0 rows (the original could return a negative count).
+    local_start : int
+        This rank's first row (N for ranks past the end).
+    local_entry_count : int
+        Its number of rows.
+    entry_per_rank : int
+        ``k``.
+    total_entry_count : int
+        N. Ranks past the end get ``local_start = N`` and 0 rows (the original
+        could return a negative count).
 
     Raises
     ------
@@ -125,7 +133,7 @@ def get_partition_plan(t: Any, total_entry_count: int | None = None) -> tuple[in
     ):
         raise TypeError(f"get_partition_plan: total_entry_count must be an int, got {total_entry_count!r}")
     _lib.require_init("get_partition_plan")
-    if isinstance(t, Communicator):
+    if isinstance(t, WholeMemoryCommunicator):
         t.check_alive("get_partition_plan")
         if total_entry_count is None:
             raise ValueError("get_partition_plan: total_entry_count is required when a communicator is given")
@@ -143,7 +151,7 @@ def get_partition_plan(t: Any, total_entry_count: int | None = None) -> tuple[in
     return start, max(0, end - start), k, n
 
 
-def communicator_of(t: Any, what: str) -> Communicator:
+def communicator_of(t: Any, what: str) -> WholeMemoryCommunicator:
     """The communicator of a wholemem tensor.
 
     Raises
@@ -156,12 +164,17 @@ def communicator_of(t: Any, what: str) -> Communicator:
     if isinstance(t, WmTensor):
         t.check_alive(what)
         return t.comm
-    comm: Communicator = _plain.require_info(t, what).comm
+    comm: WholeMemoryCommunicator = _plain.require_info(t, what).comm
     return comm
 
 
 def get_local_tensor(t: WmAny) -> tuple[torch.Tensor, int]:
-    """This rank's rows of ``t`` (under the partition plan) and the index of the first one.
+    """Return this rank's rows of ``t`` (under the partition plan) and the index of the first one.
+
+    Parameters
+    ----------
+    t : torch.Tensor, ChunkedTensor or NCCLTensor
+        A wholemem tensor.
 
     Returns
     -------
@@ -182,10 +195,24 @@ def get_local_tensor(t: WmAny) -> tuple[torch.Tensor, int]:
 
 
 def get_sub_tensor(t: WmAny, starts: Any, ends: Any) -> WmAny:
-    """A view of rows (and, for 2-D tensors, columns) ``[starts[d], ends[d])``; -1 = to the end.
+    """Return a view of rows (and, for 2-D tensors, columns) ``[starts[d], ends[d])``; -1 = to the end.
 
     The view shares memory with ``t``; gather / scatter / get_local_tensor work on it
     with view-relative indices.
+
+    Parameters
+    ----------
+    t : torch.Tensor, ChunkedTensor or NCCLTensor
+        A wholemem tensor.
+    starts : list of int
+        First row (and column) of the view.
+    ends : list of int
+        End (exclusive) of each range; -1 runs to the end.
+
+    Returns
+    -------
+    torch.Tensor, ChunkedTensor or NCCLTensor
+        The view, of ``t``'s kind.
 
     Raises
     ------
@@ -202,7 +229,7 @@ def get_sub_tensor(t: WmAny, starts: Any, ends: Any) -> WmAny:
 
 
 def get_tensor_view(t: WmAny, device: Any) -> WmAny:
-    """The tensor as seen from ``device`` (WholeGraph's ``get_tensor_view``).
+    """Return the tensor as seen from ``device`` (WholeGraph's ``get_tensor_view``).
 
     - ``'cpu'``: host-memory tensors themselves (HOST tensors are normal CPU tensors;
       host CHUNKED / NCCL objects); GPU-resident tensors have no CPU view.
@@ -213,6 +240,18 @@ def get_tensor_view(t: WmAny, device: Any) -> WmAny:
       every rank exactly like the CPU tensor's. A host CHUNKED tensor becomes a
       :class:`ChunkedTensor` whose ops run the CUDA kernels over its mapped chunks.
       GPU-resident tensors are returned as they are on their own device.
+
+    Parameters
+    ----------
+    t : torch.Tensor, ChunkedTensor or NCCLTensor
+        A wholemem tensor (or a view of one).
+    device : str or torch.device
+        ``'cpu'``, ``'cuda'`` or ``'cuda:N'``.
+
+    Returns
+    -------
+    torch.Tensor, ChunkedTensor or NCCLTensor
+        The view from ``device`` (``t`` itself where it already lives there).
 
     Raises
     ------

@@ -22,7 +22,7 @@ from ._layout import Layout
 class HostInfo:
     """The wholemem facts of a HOST / DEVICE tensor or of a view of one."""
 
-    comm: Any  #: the Communicator it was created on
+    comm: Any  #: the WholeMemoryCommunicator it was created on
     layout: Layout  #: of the whole tensor
     memory: Any  #: keeps the mapping alive: a shared-memory Segment, or the device allocation
     tensor_type: Any  #: WmTensorType.HOST or WmTensorType.DEVICE

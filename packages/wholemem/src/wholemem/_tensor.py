@@ -313,6 +313,21 @@ class ChunkedTensor(WmTensor):
     and writes any row directly through the chunk table. Host chunks are shared-memory
     segments; GPU chunks (``device='cuda'``) are device allocations mapped by the peers
     over CUDA IPC, and the ops run CUDA kernels on this rank's GPU.
+
+    Made by :func:`wholemem.create_wm_tensor` (``WmTensorType.CHUNKED``); not constructed directly.
+
+    Parameters
+    ----------
+    comm : WholeMemoryCommunicator
+        The ranks that share it.
+    layout : Layout
+        Shape, stride and dtype.
+    segments : list
+        Every rank's host chunk (shared-memory segments), in rank order.
+    gpu : NodeChunks, optional
+        The GPU chunks, when the tensor lives in device memory.
+    mappings : list of HostMapping, optional
+        The host chunks mapped for a GPU (a CUDA view of a host tensor).
     """
 
     _type = WmTensorType.CHUNKED
@@ -343,6 +358,25 @@ class ChunkedTensor(WmTensor):
         self._mappings = mappings
 
     def gather(self, indices: Any, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Read rows ``indices``: ``out[i] = self[indices[i]]`` (see :func:`wholemem.gather`).
+
+        Parameters
+        ----------
+        indices : torch.Tensor or numpy.ndarray
+            1-D int64 or int32 row indices in ``[0, shape[0])``.
+        out : torch.Tensor, optional
+            Contiguous ``[len(indices), *shape[1:]]`` tensor of this dtype, on this device.
+
+        Returns
+        -------
+        torch.Tensor
+            The rows (``out`` when given).
+
+        Raises
+        ------
+        IndexError, TypeError, ValueError, RuntimeError
+            As :func:`wholemem.gather`.
+        """
         self.check_alive("gather")
         idx = self._indices(indices)
         o = _checks.out_rows(out, idx.numel(), self._row_shape, self.dtype, self.device)
@@ -350,6 +384,20 @@ class ChunkedTensor(WmTensor):
         return o
 
     def scatter(self, indices: Any, values: Any) -> None:
+        """Write ``values[i]`` into row ``indices[i]`` (see :func:`wholemem.scatter`).
+
+        Parameters
+        ----------
+        indices : torch.Tensor or numpy.ndarray
+            1-D int64 or int32 row indices in ``[0, shape[0])``.
+        values : torch.Tensor or numpy.ndarray
+            ``[len(indices), *shape[1:]]`` of this dtype, on this device.
+
+        Raises
+        ------
+        IndexError, TypeError, ValueError, RuntimeError
+            As :func:`wholemem.scatter`.
+        """
         self.check_alive("scatter")
         idx = self._indices(indices)
         vals = _checks.rows_in(values, "values", idx.numel(), self._row_shape, self.dtype, self.device).contiguous()
@@ -382,6 +430,17 @@ class NCCLTensor(WmTensor):
     Gather and scatter are collective: indices are bucketed by owner and exchanged with
     all-to-all over the communicator's process group (gloo for host memory, the device
     group for GPU-resident tensors; works across nodes).
+
+    Made by :func:`wholemem.create_wm_tensor` (``WmTensorType.NCCL``); not constructed directly.
+
+    Parameters
+    ----------
+    comm : WholeMemoryCommunicator
+        The ranks over which the rows are partitioned.
+    layout : Layout
+        Shape, stride and dtype.
+    device : torch.device, optional
+        The GPU holding this rank's rows; host memory when None.
     """
 
     _type = WmTensorType.NCCL
@@ -403,6 +462,25 @@ class NCCLTensor(WmTensor):
         return _checks.indices(indices, self.device, self._shape[0])
 
     def gather(self, indices: Any, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Read rows ``indices`` (collective: every rank calls it with its own indices).
+
+        Parameters
+        ----------
+        indices : torch.Tensor or numpy.ndarray
+            1-D int64 or int32 row indices in ``[0, shape[0])``.
+        out : torch.Tensor, optional
+            Contiguous ``[len(indices), *shape[1:]]`` tensor of this dtype, on this device.
+
+        Returns
+        -------
+        torch.Tensor
+            The rows (``out`` when given).
+
+        Raises
+        ------
+        IndexError, TypeError, ValueError, RuntimeError
+            As :func:`wholemem.gather`.
+        """
         self.check_alive("gather")
         if self.comm.size == 1:  # every row is local: one native op on the window
             idx = self._indices(indices)
@@ -428,6 +506,20 @@ class NCCLTensor(WmTensor):
         return o
 
     def scatter(self, indices: Any, values: Any) -> None:
+        """Write ``values[i]`` into row ``indices[i]`` (collective: every rank calls it).
+
+        Parameters
+        ----------
+        indices : torch.Tensor or numpy.ndarray
+            1-D int64 or int32 row indices in ``[0, shape[0])``.
+        values : torch.Tensor or numpy.ndarray
+            ``[len(indices), *shape[1:]]`` of this dtype, on this device.
+
+        Raises
+        ------
+        IndexError, TypeError, ValueError, RuntimeError
+            As :func:`wholemem.scatter`.
+        """
         self.check_alive("scatter")
         if self.comm.size == 1:
             idx = self._indices(indices)

@@ -67,7 +67,9 @@ def gather_names(name: str, size: int) -> list[str]:
     return [bytes(o.tolist()).rstrip(b"\0").decode() for o in out]
 
 
-def check_communicators(rank: int, size: int, host: str) -> tuple[wg.Communicator, wg.Communicator, list[str]]:
+def check_communicators(
+    rank: int, size: int, host: str
+) -> tuple[wg.WholeMemoryCommunicator, wg.WholeMemoryCommunicator, list[str]]:
     hosts = gather_names(host, size)
     mine = [r for r in range(size) if hosts[r] == host]
     world = wg.get_global_communicator()
@@ -94,14 +96,14 @@ def check_communicators(rank: int, size: int, host: str) -> tuple[wg.Communicato
     expect(ValueError, lambda: wg.create_group_communicator(3), "not a multiple")
     expect(ValueError, lambda: wg.create_group_communicator(0), "group_size")
     expect(TypeError, lambda: wg.create_group_communicator("2"), "group_size")
-    expect(TypeError, lambda: wg.get_local_node_communicator("world"), "Communicator")
+    expect(TypeError, lambda: wg.get_local_node_communicator("world"), "WholeMemoryCommunicator")
     expect(TypeError, lambda: wg.split_communicator(world, 1.5), "color")
     for c in (blocks, strided):
         c.destroy()
     return world, node, hosts
 
 
-def check_span_error(world: wg.Communicator, hosts: list[str]) -> None:
+def check_span_error(world: wg.WholeMemoryCommunicator, hosts: list[str]) -> None:
     first, second = hosts[0], hosts[-1]
     for ty in (T.HOST, T.CHUNKED, T.DEVICE):
         expect(
@@ -114,7 +116,7 @@ def check_span_error(world: wg.Communicator, hosts: list[str]) -> None:
     world.barrier()  # every rank got here: nobody blocked in a half-made tensor
 
 
-def check_node_tensors(world: wg.Communicator, node: wg.Communicator, hosts: list[str]) -> None:
+def check_node_tensors(world: wg.WholeMemoryCommunicator, node: wg.WholeMemoryCommunicator, hosts: list[str]) -> None:
     salt = sorted(set(hosts)).index(hosts[world.rank]) * 11  # each host writes its own values
     for ty in (T.HOST, T.CHUNKED):
         for dtype in (torch.float32, torch.int64, torch.bfloat16):
@@ -138,7 +140,7 @@ def check_node_tensors(world: wg.Communicator, node: wg.Communicator, hosts: lis
             del t, local
 
 
-def check_nccl(world: wg.Communicator, *, device: str = "cpu") -> None:
+def check_nccl(world: wg.WholeMemoryCommunicator, *, device: str = "cpu") -> None:
     rank, size = world.rank, world.size
     for dtype in (torch.float32, torch.float16, torch.int8, torch.int64):
         t = wg.create_wm_tensor(world, [ROWS, COLS], [], dtype, T.DISTRIBUTED, device=device)
@@ -156,7 +158,7 @@ def check_nccl(world: wg.Communicator, *, device: str = "cpu") -> None:
         world.barrier()
 
 
-def check_embeddings(world: wg.Communicator, node: wg.Communicator) -> None:
+def check_embeddings(world: wg.WholeMemoryCommunicator, node: wg.WholeMemoryCommunicator) -> None:
     init = torch.randn(ref.N, ref.D, generator=torch.Generator().manual_seed(7))
     opts = (
         wg.SGD(lr=0.05, weight_decay=0.01),

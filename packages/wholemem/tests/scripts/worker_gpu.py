@@ -5,7 +5,7 @@
    processes (GPU CHUNKED and DEVICE), GPU NCCL routing, writes seen by all, reference-
    counted lifetimes (a tensor deleted on every rank is unmapped and freed by the next
    collective call; tensors made in a loop do not accumulate), unmapping at destroy.
-3. Two simulated nodes (WHOLEMEM_NODE_ID): HOST / CHUNKED / DEVICE refuse on every rank
+3. Two simulated nodes (DISTKIT_NODE_ID): HOST / CHUNKED / DEVICE refuse on every rank
    and name NCCL; NCCL works.
 """
 
@@ -129,7 +129,7 @@ def main() -> None:
 
     # 3. two simulated nodes
     if size >= 2:
-        os.environ["WHOLEMEM_NODE_ID"] = str(rank % 2)
+        os.environ["DISTKIT_NODE_ID"] = str(rank % 2)
         c2 = wg.communicator_from_mpi4py(mpi)
         assert c2.num_nodes == 2 and c2.local_size == len(range(rank % 2, size, 2))
         for ty in (T.HOST, T.CHUNKED, T.DEVICE):
@@ -141,7 +141,7 @@ def main() -> None:
         c2.barrier()
         assert torch.equal(wg.gather(n, torch.tensor([9, 0, 4])), enc(torch.tensor([9, 0, 4]), torch.int64))
         c2.destroy()
-        del os.environ["WHOLEMEM_NODE_ID"]
+        del os.environ["DISTKIT_NODE_ID"]
     wg.finalize_lib()
     if rank == 0:
         print(f"worker_gpu OK {size}", flush=True)

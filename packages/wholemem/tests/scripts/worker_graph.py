@@ -21,7 +21,7 @@ T = wg.WmTensorType
 N, E = 97, 2000
 
 
-def everything(comm: wg.Communicator, t: object) -> torch.Tensor:
+def everything(comm: wg.WholeMemoryCommunicator, t: object) -> torch.Tensor:
     """All rows of a wholemem tensor (collective for NCCL tensors)."""
     return wg.gather(t, torch.arange(t.shape[0]))
 

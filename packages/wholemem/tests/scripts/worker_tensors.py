@@ -31,7 +31,7 @@ def owned_rows(t: object) -> tuple[int, int]:
 
 
 def check_tensor(
-    comm: wg.Communicator, ty: wg.WmTensorType, shape: list[int], stride: list[int], dtype: torch.dtype
+    comm: wg.WholeMemoryCommunicator, ty: wg.WmTensorType, shape: list[int], stride: list[int], dtype: torch.dtype
 ) -> None:
     rank, size = comm.rank, comm.size
     t = wg.create_wm_tensor(comm, shape, stride, dtype, ty)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import Communicator, Embedding, WmTensorType
+from .. import Embedding, WholeMemoryCommunicator, WmTensorType
 from .._graph_collective import agree, allgather_int, allgather_json
 from .._graph_tensors import create_array, is_array, is_collective, is_wholemem, read_rows, scatter_rows
 from ._pyg import FeatureStore, TensorAttr
@@ -82,16 +82,18 @@ class WholeFeatureStore(FeatureStore):
 
     Parameters
     ----------
-    comm : Communicator, optional
+    comm : WholeMemoryCommunicator, optional
         Where tensors put as plain tensors are created.
     tensor_type : WmTensorType, default HOST
         The type of those tensors.
     """
 
-    def __init__(self, comm: Communicator | None = None, *, tensor_type: WmTensorType = WmTensorType.HOST) -> None:
+    def __init__(
+        self, comm: WholeMemoryCommunicator | None = None, *, tensor_type: WmTensorType = WmTensorType.HOST
+    ) -> None:
         super().__init__()
-        if comm is not None and not isinstance(comm, Communicator):
-            raise TypeError(f"comm must be a wholemem.Communicator or None, got {type(comm).__name__}")
+        if comm is not None and not isinstance(comm, WholeMemoryCommunicator):
+            raise TypeError(f"comm must be a wholemem.WholeMemoryCommunicator or None, got {type(comm).__name__}")
         if not isinstance(tensor_type, WmTensorType):
             raise TypeError(f"tensor_type must be a wholemem.WmTensorType, got {tensor_type!r}")
         self.comm = comm
@@ -171,10 +173,28 @@ class WholeFeatureStore(FeatureStore):
         return tuple(int(s) for s in f.shape)
 
     def get_all_tensor_attrs(self) -> list[TensorAttr]:
+        """List every stored feature (PyG's ``FeatureStore`` hook).
+
+        Returns
+        -------
+        list of TensorAttr
+            One per (group, name).
+        """
         return [TensorAttr(group_name=g, attr_name=a) for g, a in self._features]
 
     def features(self, group_name: Any = None) -> dict[str, Feature]:
-        """The stored features of one group (PyG's ``None`` for homogeneous graphs), by name."""
+        """Return the stored features of one group, by name.
+
+        Parameters
+        ----------
+        group_name : optional
+            The group (PyG's ``None`` for homogeneous graphs).
+
+        Returns
+        -------
+        dict of str to feature
+            Name -> wholemem tensor, torch tensor or ``wholemem.Embedding``.
+        """
         return {a: f for (g, a), f in self._features.items() if g == group_name}
 
 

@@ -20,8 +20,7 @@ def materialize(t: Any) -> torch.Tensor:
 
 
 class WholeGraphStore(GraphStore):
-    """A PyG :class:`~torch_geometric.data.GraphStore` whose edges live in a
-    :class:`wholemem.GraphStructure`.
+    """A PyG :class:`~torch_geometric.data.GraphStore` whose edges live in a :class:`wholemem.GraphStructure`.
 
     A ``GraphStructure`` is PyG's CSC layout: row ``v`` of the CSR lists the nodes whose
     messages flow into ``v`` (PyG's ``edge_index[0]`` of the edges into
@@ -39,6 +38,7 @@ class WholeGraphStore(GraphStore):
     graph : GraphStructure, optional
         Registered for ``edge_type`` (PyG's ``None`` for a homogeneous graph).
     edge_type : optional
+        Its edge type.
     """
 
     def __init__(self, graph: GraphStructure | None = None, *, edge_type: Any = None) -> None:
@@ -51,7 +51,17 @@ class WholeGraphStore(GraphStore):
         return f"WholeGraphStore({ {str(k): repr(v) for k, v in self._graphs.items()} })"
 
     def graph(self, edge_type: Any = None) -> GraphStructure:
-        """The GraphStructure of ``edge_type``.
+        """Return the GraphStructure of ``edge_type``.
+
+        Parameters
+        ----------
+        edge_type : optional
+            The edge type (PyG's ``None`` for a homogeneous graph).
+
+        Returns
+        -------
+        GraphStructure
+            The graph registered for it.
 
         Raises
         ------
@@ -109,6 +119,13 @@ class WholeGraphStore(GraphStore):
         return self._graphs.pop(edge_attr.edge_type, None) is not None
 
     def get_all_edge_attrs(self) -> list[EdgeAttr]:
+        """List every stored graph's edge attributes (PyG's ``GraphStore`` hook).
+
+        Returns
+        -------
+        list of EdgeAttr
+            One per edge type, in CSC layout.
+        """
         return [
             EdgeAttr(edge_type, EdgeLayout.CSC, is_sorted=True, size=(g.node_count, g.node_count))
             for edge_type, g in self._graphs.items()

@@ -26,7 +26,21 @@ _ALL = (1 << 31) - 1
 
 @dataclass
 class SampledSubgraph:
-    """A multi-hop sample in PyG's layout (the seeds first, then each hop's new nodes)."""
+    """A multi-hop sample in PyG's layout (the seeds first, then each hop's new nodes).
+
+    Parameters
+    ----------
+    n_id : torch.Tensor
+        The int64 global ids; a node's local index is its position.
+    edge_index : torch.Tensor
+        ``[2, E]`` int64 local ids: row 0 the neighbour, row 1 the center.
+    e_id : torch.Tensor
+        The int64 edge ids (positions in ``csr_col_ind``).
+    num_sampled_nodes : list of int
+        New nodes per hop (the seeds first).
+    num_sampled_edges : list of int
+        Edges per hop.
+    """
 
     n_id: torch.Tensor  #: int64 global ids, local index = position
     edge_index: torch.Tensor  #: [2, E] int64 local ids: row 0 the neighbour, row 1 the center
@@ -52,6 +66,24 @@ def sample_subgraph(
 
     Hop h draws with the Philox key ``derive_seed(random_seed, h)`` (``random_seed``
     None: drawn from torch's generator).
+
+    Parameters
+    ----------
+    graph : GraphStructure
+        The graph.
+    seeds : torch.Tensor
+        1-D int32 / int64 seed nodes.
+    num_neighbors : sequence of int
+        Fan-out per hop (``-1``: all neighbours, ``0``: none).
+    random_seed : int, optional
+        Seed of the sampler; drawn from torch's generator when None.
+    weight_name : str, optional
+        Edge attribute of weights for weighted sampling (uniform when None).
+
+    Returns
+    -------
+    SampledSubgraph
+        ``n_id``, ``edge_index``, ``e_id`` and the nodes / edges sampled per hop.
 
     Raises
     ------
@@ -116,9 +148,10 @@ class _Prepared:
 
 
 class NeighborLoader:
-    """Mini-batches of sampled subgraphs as PyG :class:`~torch_geometric.data.Data`, like
-    PyG's ``NeighborLoader``, sampled by wholemem's native sampler (no compiled PyG
-    extension needed) while the model trains on the previous batch.
+    """Iterate over mini-batches of sampled subgraphs as PyG :class:`~torch_geometric.data.Data`.
+
+    Like PyG's ``NeighborLoader``, sampled by wholemem's native sampler (no compiled
+    PyG extension needed) while the model trains on the previous batch.
 
     Each batch holds ``batch_size`` seed nodes from ``input_nodes`` and their sampled
     ``len(num_neighbors)``-hop neighbourhood, with PyG's fields: the feature rows of
@@ -138,6 +171,7 @@ class NeighborLoader:
     Parameters
     ----------
     graph : GraphStructure or WholeGraphStore
+        The graph to sample.
     features : WholeFeatureStore, mapping of str to feature, a feature, or None
         A feature is a wholemem tensor, a torch tensor or a ``wholemem.Embedding`` with
         a row per node. A single one is named ``x``. None: the graph's node attributes.
@@ -145,12 +179,14 @@ class NeighborLoader:
     num_neighbors : sequence of int
         Fan-out per hop (PyG's: ``-1`` all neighbours, ``0`` none).
     batch_size : int, default 1
+        Seed nodes per batch.
     input_nodes : tensor of int or bool, optional
         The seed nodes (ids, or a mask over the nodes); default: every node. For data
         parallel training give each rank its own share (and equal batch counts).
     shuffle : bool, default False
         Shuffle the seeds every epoch.
     drop_last : bool, default False
+        Drop the last batch when it has fewer seeds.
     weight_name : str, optional
         Edge attribute of weights for weighted sampling (default: uniform).
     random_seed : int, optional
@@ -245,8 +281,14 @@ class NeighborLoader:
         return None if self.weight_name is None else self.graph.edge_attributes[self.weight_name]
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration epoch ``epoch`` (as ``DistributedSampler.set_epoch``):
-        with a ``random_seed``, its shuffle and samples depend on (seed, epoch) only.
+        """Make the next iteration epoch ``epoch`` (as ``DistributedSampler.set_epoch``).
+
+        With a ``random_seed``, its shuffle and samples depend on (seed, epoch) only.
+
+        Parameters
+        ----------
+        epoch : int
+            The epoch, >= 0.
 
         Raises
         ------

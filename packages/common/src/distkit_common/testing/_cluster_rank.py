@@ -1,6 +1,6 @@
 """Per-rank entry point of :func:`distkit_common.testing.run_cluster`.
 
-``python -m distkit_common._cluster_rank TARGET [ARGS...]`` runs TARGET as
+``python -m distkit_common.testing._cluster_rank TARGET [ARGS...]`` runs TARGET as
 ``python TARGET ARGS`` would (or ``pytest TARGET ARGS`` for a ``test_*.py``
 file) and records, in ``$DISTKIT_CLUSTER_STATUS_DIR``, this rank's pid and
 host when it starts and its exit code when it ends. The launcher's own exit
@@ -56,7 +56,7 @@ def _run(target: str, args: list[str]) -> int:
 
 def main() -> None:
     if len(sys.argv) < 2:
-        print("usage: python -m distkit_common._cluster_rank TARGET [ARGS...]", file=sys.stderr)
+        print("usage: python -m distkit_common.testing._cluster_rank TARGET [ARGS...]", file=sys.stderr)
         sys.exit(2)
     target, args = sys.argv[1], sys.argv[2:]
     folder = os.environ.get(STATUS_DIR_ENV)

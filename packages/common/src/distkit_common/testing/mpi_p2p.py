@@ -13,7 +13,7 @@ slower rank. Rank 0 prints one line, :data:`MARKER` and a JSON object::
 compared with what the peer sent (exit 1 if they differ). Run it on 2 ranks, one per host::
 
     ci/cluster/up 2 --rate 1gbit
-    ci/cluster/mpiexec --host dkh1:1,dkh2:1 -n 2 python packages/common/src/distkit_common/mpi_p2p.py --bytes 64MiB
+    ci/cluster/mpiexec --host dkh1:1,dkh2:1 -n 2 python packages/common/src/distkit_common/testing/mpi_p2p.py --bytes 64MiB
 
 or from Python with :func:`distkit_common.testing.measure_mpi_sendrecv`. Only the
 standard library, numpy and mpi4py are imported (it runs as a file).
@@ -40,7 +40,7 @@ _SIZE_UNITS = {"": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
 
 def parse_size(text: str) -> int:
-    """Bytes from ``"4096"``, ``"64KiB"``, ``"16MiB"`` or ``"1GiB"``.
+    """Read a size in bytes from ``"4096"``, ``"64KiB"``, ``"16MiB"`` or ``"1GiB"``.
 
     Parameters
     ----------
@@ -67,7 +67,17 @@ def parse_size(text: str) -> int:
 
 
 def parse_result(stdout: str) -> dict[str, Any]:
-    """The result object of the line that starts with :data:`MARKER` in a job's output.
+    """Return the result object of the line that starts with :data:`MARKER` in a job's output.
+
+    Parameters
+    ----------
+    stdout : str
+        The job's output.
+
+    Returns
+    -------
+    dict
+        The JSON object of that line.
 
     Raises
     ------
@@ -82,6 +92,19 @@ def parse_result(stdout: str) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the measurement on this rank (the command line; see the module docstring).
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The arguments; ``sys.argv[1:]`` when None.
+
+    Returns
+    -------
+    int
+        The exit code: 0; 1 if the received buffers differ from what the peer sent; 2 if
+        the job is not 2 ranks on 2 hosts.
+    """
     parser = argparse.ArgumentParser(description="MPI_Sendrecv of a buffer between 2 ranks, timed (one per host).")
     parser.add_argument("--bytes", type=parse_size, default=64 * 2**20, help="buffer size (default 64MiB)")
     parser.add_argument("--iters", type=int, default=5, help=f"timed exchanges, [1, {MAX_ITERS}] (default 5)")

@@ -76,7 +76,19 @@ class Fault:
 
 @dataclass
 class RankExit:
-    """What one rank of a cluster job did."""
+    """What one rank of a cluster job did.
+
+    Parameters
+    ----------
+    rank : int
+        The rank.
+    host : str or None
+        Hostname the rank ran on (None: it never started).
+    pid : int or None
+        Its process id (None: it never started).
+    code : int or None
+        Its exit code (None: killed, or never started or finished).
+    """
 
     rank: int
     host: str | None  #: hostname the rank ran on (None: it never started)
@@ -154,7 +166,7 @@ def _free_port() -> int:
 
 
 def _rank_runner(target: str, args: Sequence[str]) -> list[str]:
-    return ["-m", "distkit_common._cluster_rank", target, *args]
+    return ["-m", "distkit_common.testing._cluster_rank", target, *args]
 
 
 def commands(

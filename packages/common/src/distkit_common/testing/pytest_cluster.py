@@ -3,9 +3,9 @@
 Load it in a test module (pytest allows ``pytest_plugins`` there, not in a
 non-root ``conftest.py``)::
 
-    pytest_plugins = ["distkit_common.pytest_cluster"]
+    pytest_plugins = ["distkit_common.testing.pytest_cluster"]
 
-or on the command line: ``pytest -p distkit_common.pytest_cluster`` (the
+or on the command line: ``pytest -p distkit_common.testing.pytest_cluster`` (the
 ``cluster`` nox session does). Then every test marked ``@pytest.mark.cluster``
 runs with the machine's simulated cluster up - brought up once, at the first
 such test, and removed when the session ends (or by the reaper if pytest is
@@ -13,7 +13,7 @@ killed) - or is skipped with one message,
 ``simulated cluster unavailable: <reason>``, where the machine cannot host it
 (not root, no ``ip`` or ``unshare``, namespaces forbidden). Such tests launch
 jobs with :func:`distkit_common.testing.run_cluster`; the
-``simulated_cluster`` fixture gives the :class:`~distkit_common.cluster.Cluster`.
+``simulated_cluster`` fixture gives the :class:`~distkit_common.testing.cluster.Cluster`.
 
 ``$DISTKIT_CLUSTER_HOSTS`` sets the number of hosts (default 4),
 ``$DISTKIT_CLUSTER_RATE`` shapes every host's link (tc's syntax, ``1gbit``;
@@ -29,6 +29,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from ..rates import parse_rate
 from . import cluster as _cluster
 from ._cluster_rank import STATUS_DIR_ENV
 
@@ -39,6 +40,13 @@ SKIP_PREFIX = "simulated cluster unavailable: "
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """Register the ``cluster`` marker (pytest hook).
+
+    Parameters
+    ----------
+    config : pytest.Config
+        The session's configuration.
+    """
     config.addinivalue_line("markers", "cluster: runs across simulated hosts (network namespaces)")
 
 
@@ -51,14 +59,32 @@ def _wants_session(item: pytest.Item) -> bool | None:
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    # tests that bring clusters up and down themselves must run before the session holds the cluster
+    """Run the tests that bring clusters up and down themselves first (pytest hook).
+
+    They must run before the shared session holds the cluster.
+
+    Parameters
+    ----------
+    session : pytest.Session
+        The test session.
+    config : pytest.Config
+        The session's configuration.
+    items : list of pytest.Item
+        The collected tests.
+    """
     first = [it for it in items if _wants_session(it) is False]
     if first:
         items[:] = first + [it for it in items if _wants_session(it) is not False]
 
 
 def skip_reason() -> str | None:
-    """The skip message for this machine, or None when it can host the cluster."""
+    """Return the skip message for this machine.
+
+    Returns
+    -------
+    str or None
+        ``"simulated cluster unavailable: <why>"``, or None when it can host the cluster.
+    """
     reason = _cluster.unavailable_reason()
     return SKIP_PREFIX + reason if reason else None
 
@@ -78,7 +104,7 @@ def _rate() -> str | None:
     raw = os.environ.get(RATE_ENV) or None
     if raw is not None:
         try:
-            _cluster.parse_rate(raw)
+            parse_rate(raw)
         except ValueError as exc:
             raise pytest.UsageError(f"{RATE_ENV}: {exc}") from None
     return raw
