@@ -56,7 +56,7 @@ TORCH_DEFAULT = "2.13.0"
 TORCH_FLOOR = "2.11.0"
 TORCH_MATRIX = [TORCH_FLOOR, "2.13.0", "2.14.1"]
 PYTHONS = ["3.11", "3.12"]
-TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.2", "numpy>=1.24"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.2", "numpy>=1.24", "hypothesis==6.170.17"]
 WHEELHOUSE = ROOT / "build" / "wheelhouse"
 
 

@@ -56,6 +56,18 @@ def _int_seq(x: Any, name: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def elements_overlap(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether two elements of a tensor of ``shape`` and ``stride`` may share memory: dims sorted
+    by stride, each stride must clear the span of those below it (True also for rare interleaved
+    layouts that do not overlap)."""
+    span = 0
+    for st, sz in sorted(zip(stride, shape)):
+        if sz > 1 and st <= span:
+            return True
+        span += (sz - 1) * st
+    return False
+
+
 @dataclass(frozen=True)
 class Layout:
     """Shape, strides (in elements) and dtype of a row-partitioned tensor."""
@@ -96,12 +108,8 @@ class Layout:
             raise ValueError(f"stride {strd} must have one entry per dimension of shape {shp}")
         if any(s < 1 for s in strd):
             raise ValueError(f"strides must be >= 1, got {strd}")
-        # no two elements may share memory: sort dims by stride, each stride must clear the span below it
-        span = 0
-        for st, sz in sorted(zip(strd, shp)):
-            if sz > 1 and st <= span:
-                raise ValueError(f"stride {strd} makes elements of shape {shp} overlap")
-            span += (sz - 1) * st
+        if elements_overlap(shp, strd):
+            raise ValueError(f"stride {strd} makes elements of shape {shp} overlap")
         # dims 1.. must merge into one strided column dimension
         for i in range(1, len(shp) - 1):
             if shp[i + 1] > 1 and shp[i] > 1 and strd[i] != strd[i + 1] * shp[i + 1]:

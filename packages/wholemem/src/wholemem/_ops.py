@@ -80,7 +80,8 @@ def scatter(t: WmAny, indices: Any, values: Any) -> None:
     TypeError
         Indices not int32/int64, or values of another dtype.
     ValueError
-        Wrong shape or device of indices / values.
+        Wrong shape or device of indices / values, or a plain tensor ``t`` whose elements
+        share memory (an ``expand`` or overlapping ``as_strided`` view).
     RuntimeError
         Library finalized or communicator destroyed.
     """

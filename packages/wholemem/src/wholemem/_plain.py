@@ -17,7 +17,7 @@ from distkit_common import _distkit_common as _common
 from distkit_common.dtypes import CODES, code_of
 
 from . import _binding, _checks, _gpu, _hostmap, _registry
-from ._layout import local_range, plain_table_args
+from ._layout import elements_overlap, local_range, plain_table_args
 from ._wholemem import Segment, Table
 
 
@@ -115,7 +115,18 @@ def gather(t: torch.Tensor, indices: Any, out: torch.Tensor | None) -> torch.Ten
 
 
 def scatter(t: torch.Tensor, indices: Any, values: Any) -> None:
-    """``t[indices[i]] = values[i]`` (last duplicate wins on the CPU; any one on a GPU)."""
+    """``t[indices[i]] = values[i]`` (last duplicate wins on the CPU; any one on a GPU).
+
+    Raises
+    ------
+    ValueError
+        Elements of ``t`` share memory (an expanded or overlapping ``as_strided`` view).
+    """
+    if t.numel() > 1 and elements_overlap(tuple(t.shape), tuple(t.stride())):
+        raise ValueError(
+            f"scatter: elements of t (shape {tuple(t.shape)}, strides {t.stride()}) share memory; "
+            "scatter into a tensor without overlapping elements (e.g. t.clone())"
+        )
     row_shape = tuple(t.shape[1:])
     if t.device.type != "cpu":
         didx = _checks.indices(indices, t.device, int(t.shape[0]))

@@ -58,7 +58,8 @@ def load_state_dict(
     KeyError
         If an entry of ``state_dict`` is not in the checkpoint.
     ValueError
-        If a tensor's global shape or dtype differs from the checkpoint.
+        If a tensor's global shape or dtype differs from the checkpoint, or elements of a
+        destination tensor share memory (an ``expand`` or overlapping ``as_strided`` view).
     CheckpointCorruptionError
         If a checksum does not match (naming the tensor) or the metadata is invalid.
 
@@ -83,6 +84,19 @@ def load_state_dict(
     finally:
         if bar is not None:
             bar.close()
+
+
+def _elements_overlap(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share memory (dims sorted by stride, each stride must
+    clear the span of those below it)."""
+    if t.numel() <= 1:
+        return False
+    span = 0
+    for st, sz in sorted(zip(t.stride(), t.shape)):
+        if sz > 1 and st <= span:
+            return True
+        span += (sz - 1) * st
+    return False
 
 
 def match(state_dict: dict[Any, Any], meta: dict[str, Any], where: str) -> LoadPlan:
@@ -112,6 +126,11 @@ def match(state_dict: dict[Any, Any], meta: dict[str, Any], where: str) -> LoadP
         if entry["kind"] != "tensor":
             raise ValueError(f"{name_of(path)!r} is a value in the checkpoint but a tensor in state_dict")
         check_has_data(path, box.local)
+        if _elements_overlap(box.local):
+            raise ValueError(
+                f"{name_of(path)!r}: elements of the destination (strides {box.local.stride()}) overlap in "
+                "memory (an expand or as_strided view); load into a tensor without overlapping elements"
+            )
         if list(box.global_shape) != list(entry["shape"]):
             raise ValueError(
                 f"{name_of(path)!r}: checkpoint shape {tuple(entry['shape'])} != state_dict shape {box.global_shape}"

@@ -270,11 +270,15 @@ def parallel_embedding(
     TypeError
         If ``input`` is not an integer tensor.
     RuntimeError
-        If ``dim`` is not None and the process groups are not initialised.
+        If ``dim`` is not None and the process groups are not initialised, or ``input`` is on
+        another device than ``weight`` (torch's ``F.embedding`` returned uninitialised memory
+        for ``meta`` indices into a CPU weight).
     """
     check_dim(dim)
     if not isinstance(input, torch.Tensor) or input.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"input must be an int64 or int32 tensor, got {getattr(input, 'dtype', type(input))}")
+    if input.device != weight.device:
+        raise RuntimeError(f"input is on {input.device} but the embedding weight on {weight.device}")
     ids = untag(input)
     if dim is None:
         return F.embedding(ids, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
