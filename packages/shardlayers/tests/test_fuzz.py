@@ -62,6 +62,7 @@ def _logits(n: int, c: int, dtype: torch.dtype, layout: str, special: str, seed:
     return x
 
 
+@pytest.mark.usefixtures("one_rank_group")
 @FUZZ
 @given(
     n=st.integers(0, 6),
@@ -85,7 +86,6 @@ def _logits(n: int, c: int, dtype: torch.dtype, layout: str, special: str, seed:
     target_dtype=torch.int64, reduction="mean", smoothing=0.0, weighted=True, seed=0,
 )  # fmt: skip
 def test_vocab_parallel_cross_entropy_matches_torch(
-    one_rank_group: None,
     n: int,
     c: int,
     dtype: torch.dtype,
@@ -140,6 +140,7 @@ def test_vocab_parallel_cross_entropy_matches_torch(
         torch.testing.assert_close(leaf.grad.to(acc), ref_x.grad, rtol=tol, atol=tol)
 
 
+@pytest.mark.usefixtures("one_rank_group")
 @FUZZ
 @given(
     n=st.integers(0, 4),
@@ -152,7 +153,6 @@ def test_vocab_parallel_cross_entropy_matches_torch(
     weight_kind=st.sampled_from(["none", "ok", "short", "list"]),
 )
 def test_cross_entropy_bad_arguments(
-    one_rank_group: None,
     n: int,
     c: int,
     target_shape: str,
