@@ -22,19 +22,9 @@ from distkit_common.validate import Checks
 FUZZ = settings(max_examples=50, deadline=None, derandomize=True)
 CHECKS = Checks()
 
+#: every dtype distkit codes, and some it refuses
 ALL_DTYPES = [
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.uint8,
-    torch.bool,
-    torch.complex64,
-    torch.complex128,
+    *(getattr(torch, name) for name in CODES),
     torch.uint16,
     torch.uint32,
     torch.uint64,

@@ -20,26 +20,15 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from distkit_common.dtypes import CODES
 from distx_fake import checkpoint as cp
 from distx_fake import deferred_init, fake
 
 FUZZ = settings(max_examples=50, deadline=None, derandomize=True)
 CKPT = settings(max_examples=30, deadline=None, derandomize=True)  # each example writes a checkpoint
 
-DTYPES = [
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.uint8,
-    torch.bool,
-    torch.complex64,
-    torch.complex128,
-]
+#: every dtype distkit codes
+DTYPES = [getattr(torch, name) for name in CODES]
 SOURCE_VIEWS = ["plain", "transpose", "step", "expand", "as_strided", "conj", "neg", "offset"]
 DEST_VIEWS = ["plain", "transpose", "step", "expand", "as_strided", "conj", "wrong_shape", "wrong_dtype", "meta"]
 

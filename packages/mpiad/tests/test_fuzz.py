@@ -17,27 +17,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import mpiad
+from distkit_common.dtypes import CODES
 from mpiad._checks import _VALID_ALL, CODE
 
 FUZZ = settings(max_examples=50, deadline=None, derandomize=True)
 COMM = mpiad.COMM_WORLD
 
-DTYPES = [
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.uint8,
-    torch.bool,
-    torch.complex64,
-    torch.complex128,
-    torch.uint16,  # no distkit code: refused
-    torch.float8_e4m3fn,
-]
+#: every dtype distkit codes, and two it refuses (no distkit code)
+DTYPES = [*(getattr(torch, name) for name in CODES), torch.uint16, torch.float8_e4m3fn]
 VIEWS = ["plain", "transpose", "step", "expand", "as_strided", "conj", "neg", "offset", "meta", "scalar"]
 OPS = [mpiad.MPI_SUM, mpiad.MPI_MAX, mpiad.MPI_MIN, mpiad.MPI_PROD, mpiad.MPI_BAND, mpiad.MPI_BOR, mpiad.MPI_BXOR]
 OPS += [mpiad.MPI_MINLOC, mpiad.MPI_MAXLOC]
