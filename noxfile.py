@@ -110,6 +110,12 @@ def _base_environment(session: nox.Session, requirements: list[str], env: dict[s
     return base
 
 
+def _starts_with(path: Path, prefix: bytes) -> bool:
+    """Whether the file at `path` begins with `prefix` (reads only that much: bin/ holds executables)."""
+    with open(path, "rb") as f:
+        return f.read(len(prefix)) == prefix
+
+
 def _link_environment(base: Path, target: Path) -> int:
     """Give the venv `target` every file of the venv `base` that it lacks, by hard link; returns the count.
 
@@ -130,7 +136,7 @@ def _link_environment(base: Path, target: Path) -> int:
                 continue  # pyvenv.cfg, the marker; files the session's venv has itself (pip, python)
             if src.is_symlink():
                 dst.symlink_to(os.readlink(src))
-            elif rel == Path("bin") and src.read_bytes()[: len(old_python)] == old_python:
+            elif rel == Path("bin") and _starts_with(src, old_python):
                 dst.write_bytes(new_python + src.read_bytes()[len(old_python) :])
                 shutil.copymode(src, dst)
             else:
