@@ -96,17 +96,13 @@ def _base_environment(session: nox.Session, requirements: list[str], env: dict[s
     if (base / "complete").exists():
         session.log(f"base environment {base.name} is ready ({', '.join(requirements)})")
         return base
-    # built under a temporary name and renamed: an interrupted build is never taken for a finished one
-    staging = BASE_ENVS / f".{base.name}-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.parent.mkdir(parents=True, exist_ok=True)
-    session.run(str(python), "-m", "venv", str(staging), external=True)
-    session.run(
-        str(staging / "bin" / "python"), "-m", "pip", "install", "--quiet", *requirements, env=env, external=True
-    )
-    (staging / "complete").write_text(json.dumps(requirements) + "\n")
+    # built where it stays (a venv's scripts name its interpreter by path); the marker, written last,
+    # keeps an interrupted build from being taken for a finished one
     shutil.rmtree(base, ignore_errors=True)
-    staging.rename(base)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    session.run(str(python), "-m", "venv", str(base), external=True)
+    session.run(str(base / "bin" / "python"), "-m", "pip", "install", "--quiet", *requirements, env=env, external=True)
+    (base / "complete").write_text(json.dumps(requirements) + "\n")
     return base
 
 
