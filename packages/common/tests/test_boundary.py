@@ -205,6 +205,44 @@ def test_commit_dir_killed_before_removing_the_old_folder(
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]
 
 
+def test_commit_dir_killed_between_the_fallbacks_renames_keeps_the_previous_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without RENAME_EXCHANGE a writer killed after moving the previous folder away but before
+    moving the new one in left no folder at the target and the previous one under a temporary
+    name, which the next save's clean_stale removed as a dead writer's: the previous checkpoint
+    was lost. Now recover() (run by clean_stale and by the loaders) moves it back."""
+    target = tmp_path / "ckpt"
+    _folder(target, "old")
+    tmp = Path(fsio.temporary_sibling(target))
+    _folder(tmp, "new")
+    fsio.claim(tmp, 0)
+    monkeypatch.setattr(fsio._native, "exchange_paths", lambda a, b: False)
+    real_rename = os.rename
+
+    def killed_second(src: str, dst: str) -> None:
+        if os.fspath(src) == str(tmp):
+            raise _Killed
+        real_rename(src, dst)
+
+    monkeypatch.setattr(fsio.os, "rename", killed_second)
+    with pytest.raises(_Killed):
+        fsio.commit_dir(tmp, target)
+    monkeypatch.undo()
+    assert not target.exists()
+    (old,) = [p for p in tmp_path.iterdir() if p.name.startswith("ckpt.tmp-" + fsio.OLD_TOKEN)]
+    # while its writer lives (this process), the window is a save in progress: left alone
+    assert fsio.recover(target) is None and not target.exists()
+    record = json.loads((old / fsio.REPLACER_MARKER).read_text())
+    (old / fsio.REPLACER_MARKER).write_text(json.dumps(dict(record, pid=_dead_pid())))
+    (tmp / f"{fsio.MARKER_PREFIX}0.json").write_text(json.dumps(dict(record, pid=_dead_pid())))
+    # the next save's clean_stale puts the previous folder back and removes the unfinished one
+    assert fsio.clean_stale(target) == [str(tmp)]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+    assert sorted(os.listdir(target)) == ["data"] and (target / "data").read_text() == "old"
+    assert fsio.recover(target) is None  # nothing to do once the target exists
+
+
 def test_remove_claimed_removes_the_markers_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = tmp_path / "ckpt.tmp-x"
     _folder(folder, "data")

@@ -20,7 +20,10 @@ one, never a half-written one, even if a writer is killed. The recipe:
    renames with a tiny window without ``path``), remove the previous folder,
    fsync the parent, drop the markers;
 4. before the next save, :func:`clean_stale` removes the temporary siblings
-   left by writers that provably died. :func:`remove_claimed` renames a folder
+   left by writers that provably died; first, :func:`recover` moves the
+   previous folder back to ``path`` if a writer died inside the fallback's
+   window (``path`` renamed away, the new folder not yet in place; loaders call
+   it too when ``path`` is missing). :func:`remove_claimed` renames a folder
    to a name recording the remover before it drops the last marker, so a
    remover killed there leaves a folder that is still tied to a dead process.
 
@@ -306,10 +309,65 @@ def is_abandoned(tmp: PathLike) -> bool:
     return True
 
 
+#: the token prefix of the name :func:`commit_dir`'s two-rename fallback moves the replaced folder to
+OLD_TOKEN = "old-"
+
+
+def recover(path: PathLike) -> str | None:
+    """Put the previous folder back at ``path`` if a writer died between the fallback's two renames.
+
+    Without ``RENAME_EXCHANGE``, :func:`commit_dir` renames ``path`` to
+    ``<path>.tmp-old-<random>`` and then the new folder to ``path``; a writer
+    killed in between left no folder at ``path`` and the previous one under the
+    temporary name, which :func:`clean_stale` would then have removed as a dead
+    writer's temporary. When ``path`` is missing and such a folder's writer
+    provably died, it is renamed back (the newest if there are several) and its
+    replacer marker dropped. A live save's window is left alone.
+
+    Parameters
+    ----------
+    path : path
+        The destination.
+
+    Returns
+    -------
+    str or None
+        The folder moved back to ``path``, or None.
+    """
+    path = os.fspath(path)
+    if os.path.lexists(path):
+        return None
+    parent, base = os.path.split(path)
+    prefix = base + TMP_INFIX + OLD_TOKEN
+    try:
+        names = os.listdir(parent or ".")
+    except OSError:
+        return None
+    found = []
+    for n in names:
+        full = os.path.join(parent, n)
+        if n.startswith(prefix) and not _OWNED.search(n) and os.path.isdir(full) and not os.path.islink(full):
+            if os.path.exists(os.path.join(full, REPLACER_MARKER)) and is_abandoned(full):
+                with contextlib.suppress(OSError):
+                    found.append((os.stat(full).st_mtime_ns, full))
+    for _, full in sorted(found, reverse=True):
+        try:
+            os.rename(full, path)
+        except OSError:  # another process moved one back first: keep that one
+            return None
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(path, REPLACER_MARKER))
+        with contextlib.suppress(OSError):
+            fsync_path(parent or ".")
+        return full
+    return None
+
+
 def clean_stale(path: PathLike) -> list[str]:
     """Remove the ``<path>.tmp-*`` folders whose writers all died on this host; return them.
 
-    A live save (on this host or another) and unmarked folders are left alone;
+    :func:`recover` runs first, so a previous folder renamed away by a killed
+    fallback commit goes back to ``path`` instead. A live save (on this host or another) and unmarked folders are left alone;
     links are never followed.
 
     Parameters
@@ -322,6 +380,7 @@ def clean_stale(path: PathLike) -> list[str]:
     list of str
         The folders removed.
     """
+    recover(path)
     parent, base = os.path.split(os.fspath(path))
     prefix = base + TMP_INFIX
     removed: list[str] = []
@@ -450,7 +509,7 @@ def commit_dir(
         if _native.exchange_paths(tmp, path):
             remove_claimed(tmp)  # it now holds the previous folder
         else:
-            old = temporary_sibling(path, "old-" + secrets.token_hex(4))
+            old = temporary_sibling(path, OLD_TOKEN + secrets.token_hex(4))
             os.rename(path, old)
             os.rename(tmp, path)
             remove_claimed(old)
@@ -463,6 +522,7 @@ def commit_dir(
 
 __all__ = [
     "MARKER_PREFIX",
+    "OLD_TOKEN",
     "OWNED_INFIX",
     "REPLACER_MARKER",
     "TMP_INFIX",
@@ -474,6 +534,7 @@ __all__ = [
     "is_abandoned",
     "owner_alive",
     "owner_record",
+    "recover",
     "remove_claimed",
     "temporary_sibling",
     "write_file",

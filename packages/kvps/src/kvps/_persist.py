@@ -130,6 +130,7 @@ def save(shard: LocalShard, path: Any) -> None:
 
 
 def _read_checkpoint(shard: LocalShard, src: Path) -> list[tuple[np.ndarray, np.ndarray]]:
+    fsio.recover(src)  # a save killed inside the two-rename commit left the previous one beside
     try:
         with open(src / "meta.json") as f:
             meta = json.load(f)

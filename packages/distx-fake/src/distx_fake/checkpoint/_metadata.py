@@ -117,6 +117,7 @@ def read_index(path: str) -> dict[str, Any]:
         If the metadata is not a valid distx-fake checkpoint description.
     """
     mpath = os.path.join(path, METADATA)
+    fsio.recover(path)  # a save killed inside the two-rename commit left the previous one beside
     if not os.path.exists(mpath):
         raise FileNotFoundError(f"no checkpoint at {path!r} (missing {METADATA})")
     try:
