@@ -396,6 +396,30 @@ def tests(session: nox.Session, package: str) -> None:
     run_pytest(session, [package])
 
 
+@nox.session(python="3.11", venv_params=["--without-pip"], requires=["wheels"])
+def crash(session: nox.Session) -> None:
+    """The crash-consistency series at full size: 100 SIGKILLs per case of distx-fake's and kvps's saves.
+
+    The same tests as the default run's `test_crash.py` (6 kills per case there), with
+    `DISTKIT_CRASH_POINTS` kills per case (default 100); the tallies (kills per phase, how
+    many left the previous or the new checkpoint) are written to `build/crash/REPORT.md`.
+    """
+    install_base(session)
+    build_wheels(session, ["distx-fake", "kvps"])
+    install_wheels(session, ["distx-fake", "kvps"])
+    report = ROOT / "build" / "crash" / "REPORT.md"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text("# Crash consistency: SIGKILLs during saves\n\n")
+    points = os.environ.get("DISTKIT_CRASH_POINTS", "100")
+    run_pytest(
+        session,
+        [],
+        paths=[str(ROOT / "packages" / p / "tests" / "test_crash.py") for p in ("distx-fake", "kvps")],
+        extra_env={"DISTKIT_CRASH_POINTS": points, "DISTKIT_CRASH_REPORT": str(report)},
+    )
+    session.log(f"tallies in {report}")
+
+
 #: compile and link flags of `nox -s sanitize` (also into the MODULE linker flags: pybind11 modules are MODULEs)
 SANITIZE_FLAGS = "-fsanitize=address,undefined -fno-omit-frame-pointer"
 SANITIZE_SUPPRESSIONS = ROOT / "ci" / "sanitize"

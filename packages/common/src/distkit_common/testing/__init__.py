@@ -17,6 +17,8 @@ use one implementation.
   namespaces; needs root).
 - :mod:`distkit_common.testing.pytest_cluster` - the pytest plugin that holds a
   simulated cluster for tests marked ``cluster``.
+- :mod:`distkit_common.testing.crash` - crash consistency: a writer SIGKILLed at I/O
+  steps of its save drawn from a seed, and what each kill left checked.
 
 Every runner starts its children in a new session, kills the whole group on
 timeout, reaps every child and fails (``AssertionError`` with the output tail)
