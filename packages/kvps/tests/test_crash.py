@@ -21,7 +21,9 @@ SCRIPT = str(Path(__file__).parent / "scripts" / "crash_ranks.py")
 POINTS = int(os.environ.get("DISTKIT_CRASH_POINTS", "6"))
 
 
-@pytest.mark.parametrize(("fmt", "ranks", "exchange"), [("kvps", 1, True), ("kvps", 3, True), ("distx", 2, True), ("kvps", 1, False)])
+@pytest.mark.parametrize(
+    ("fmt", "ranks", "exchange"), [("kvps", 1, True), ("kvps", 3, True), ("distx", 2, True), ("kvps", 1, False)]
+)
 def test_killed_saves_leave_the_previous_or_the_new_checkpoint(
     tmp_path: Path, fmt: str, ranks: int, exchange: bool
 ) -> None:
@@ -29,7 +31,14 @@ def test_killed_saves_leave_the_previous_or_the_new_checkpoint(
     if fmt == "distx":
         pytest.importorskip("distx_fake")
     tally = crash.run_series(
-        [*mpiexec_command(ranks), sys.executable, SCRIPT, str(tmp_path / "ck"), fmt, *([] if exchange else ["no-exchange"])],
+        [
+            *mpiexec_command(ranks),
+            sys.executable,
+            SCRIPT,
+            str(tmp_path / "ck"),
+            fmt,
+            *([] if exchange else ["no-exchange"]),
+        ],
         tmp_path / "runs",
         ranks=ranks,
         points=POINTS,

@@ -346,10 +346,17 @@ def recover(path: PathLike) -> str | None:
     found = []
     for n in names:
         full = os.path.join(parent, n)
-        if n.startswith(prefix) and not _OWNED.search(n) and os.path.isdir(full) and not os.path.islink(full):
-            if os.path.exists(os.path.join(full, REPLACER_MARKER)) and is_abandoned(full):
-                with contextlib.suppress(OSError):
-                    found.append((os.stat(full).st_mtime_ns, full))
+        # (a name with an owner suffix is a folder being removed, not the previous checkpoint)
+        if (
+            n.startswith(prefix)
+            and not _OWNED.search(n)
+            and os.path.isdir(full)
+            and not os.path.islink(full)
+            and os.path.exists(os.path.join(full, REPLACER_MARKER))
+            and is_abandoned(full)
+        ):
+            with contextlib.suppress(OSError):
+                found.append((os.stat(full).st_mtime_ns, full))
     for _, full in sorted(found, reverse=True):
         try:
             os.rename(full, path)

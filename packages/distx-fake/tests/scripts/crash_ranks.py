@@ -48,9 +48,8 @@ def save(gen: int) -> None:
 def leftovers() -> list[str]:
     parent, name = os.path.split(PATH)
     beside = [n for n in os.listdir(parent) if n != name and n.startswith(name)]
-    inside = sorted(os.listdir(PATH))
-    files = sorted({f"rank{r}.bin" for r in range(SIZE)} & set(inside)) + ["metadata.json"]
-    return beside + [f"{name}/{n}" for n in inside if n not in files]
+    files = {f"rank{r}.bin" for r in range(SIZE)} | {"metadata.json"}
+    return beside + [f"{name}/{n}" for n in sorted(os.listdir(PATH)) if n not in files]
 
 
 def main() -> None:

@@ -71,7 +71,7 @@ class Event:
 def _step(event: str, args: tuple[Any, ...]) -> tuple[str, str] | None:
     """``(name, path)`` when the audit event is an I/O step of a save, else None."""
     if event == "open":
-        path, mode, flags = (args + (None, None, None))[:3]
+        path, mode, flags = (*args, None, None, None)[:3]
         writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
             mode is None and isinstance(flags, int) and flags & _WRITE_FLAGS
         )
@@ -176,12 +176,13 @@ class Writer:
         None
             While the save runs.
         """
-        kill = self.spec.get("kill")
-        mine = kill is not None and int(kill["rank"]) == self.rank
+        kill: dict[str, Any] = self.spec.get("kill") or {}
+        mine = bool(kill) and int(kill["rank"]) == self.rank
         trace = self.spec.get("trace")
         seen: list[Event] = []
         t0 = time.monotonic()
-        state = {"on": True, "timer": None}
+        on = [True]
+        timers: list[threading.Timer] = []
         landed = f"{self.spec['landed']}.{self.rank}"
 
         def die(delayed: bool) -> None:
@@ -189,7 +190,7 @@ class Writer:
             os.kill(os.getpid(), signal.SIGKILL)
 
         def hook(event: str, args: tuple[Any, ...]) -> None:
-            if not state["on"]:
+            if not on[0]:
                 return
             step = _step(event, args)
             if step is None:
@@ -200,7 +201,7 @@ class Writer:
                     die(False)
                 timer = threading.Timer(float(kill["delay"]), die, args=(True,))
                 timer.daemon = True
-                state["timer"] = timer
+                timers.append(timer)
                 timer.start()
 
         # a delayed kill needs the GIL to fire: switch threads often, so it lands near its time
@@ -210,10 +211,10 @@ class Writer:
         try:
             yield
         finally:
-            state["on"] = False
+            on[0] = False
             sys.setswitchinterval(interval)
-            if state["timer"] is not None:
-                state["timer"].cancel()  # the save ended first: it completed, nothing was killed
+            for timer in timers:
+                timer.cancel()  # the save ended first: it completed, nothing was killed
             if trace:
                 seen.append(Event("end", "", time.monotonic() - t0))
                 _write_json(f"{trace}.{self.rank}", [e.__dict__ for e in seen])
@@ -416,7 +417,10 @@ class Tally:
         str
             ``| phase | kills | previous loads | new loads | completed |`` rows and a total.
         """
-        rows = ["| phase | kills | previous loads | new loads | save completed first |", "| --- | --- | --- | --- | --- |"]
+        rows = [
+            "| phase | kills | previous loads | new loads | save completed first |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         order = [p for p in self.phases if p in self.counts] + [p for p in self.counts if p not in self.phases]
         for phase in order:
             c = self.counts[phase]
@@ -497,7 +501,7 @@ def run_series(
         if trace:
             spec["trace"] = str(work / "trace")
         if kill is not None:
-            spec["kill"] = kill.__dict__
+            spec["kill"] = {"rank": kill.rank, "step": kill.step, "delay": kill.delay}
         rc, out = _run_once(cmd, {**base_env, ENV: json.dumps(spec)}, timeout)
         reports = []
         for r in range(ranks):
