@@ -400,9 +400,10 @@ def tests(session: nox.Session, package: str) -> None:
 def crash(session: nox.Session) -> None:
     """The crash-consistency series at full size: 100 SIGKILLs per case of distx-fake's and kvps's saves.
 
-    The same tests as the default run's `test_crash.py` (6 kills per case there), with
-    `DISTKIT_CRASH_POINTS` kills per case (default 100); the tallies (kills per phase, how
-    many left the previous or the new checkpoint) are written to `build/crash/REPORT.md`.
+    The tests of `test_crash.py`, whose default run has one case per package with 6 kills: here
+    every case (1 and 2-3 ranks, both kvps formats, the two-rename commit) with
+    `DISTKIT_CRASH_POINTS` kills each (default 100); the tallies (kills per phase, how many left
+    the previous or the new checkpoint) are written to `build/crash/REPORT.md`.
     """
     install_base(session)
     build_wheels(session, ["distx-fake", "kvps"])
