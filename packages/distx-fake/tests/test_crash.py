@@ -39,6 +39,8 @@ def _record(name: str, tally: crash.Tally) -> None:
             f.write(text + "\n")
 
 
+# each run is bounded by run_series (300 s); the series by 20 s a run, beyond nox's 900 s for 100
+@pytest.mark.timeout(120 + 20 * POINTS)
 @pytest.mark.parametrize(
     ("ranks", "exchange"), [(1, True), pytest.param(2, True, marks=FULL), pytest.param(1, False, marks=FULL)]
 )

@@ -30,6 +30,8 @@ POINTS = int(os.environ.get("DISTKIT_CRASH_POINTS", "6"))
 FULL = pytest.mark.skipif("DISTKIT_CRASH_POINTS" not in os.environ, reason="nox -s crash runs it")
 
 
+# each run is bounded by run_series (300 s); the series by 20 s a run, beyond nox's 900 s for 100
+@pytest.mark.timeout(120 + 20 * POINTS)
 @pytest.mark.parametrize(
     ("fmt", "ranks", "exchange"),
     [
