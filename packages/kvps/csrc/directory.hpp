@@ -32,6 +32,14 @@ enum Flag : uint8_t {
   F_IN_RLIST = 128, // listed in the replica list
 };
 
+/// Per-key marks (Meta::marks), touched by the progress thread only.
+enum Mark : uint8_t {
+  K_TAKEN = 1,      // a key this rank held was taken away by another rank (contested: ReuseModel)
+  K_LOCALIZED = 2,  // at the home: the current owner got the key by localize (it stays: Engine::on_give_back)
+  K_KEEP = 4,       // at its owner: the key is used here again, or came for a longer window or by localize
+                    // (it stays when intent pauses: Engine::give_back)
+};
+
 struct SpinLock {
   std::atomic_flag f = ATOMIC_FLAG_INIT;
   void lock() {
@@ -51,7 +59,7 @@ struct Meta {
   uint8_t flags = 0;      // Flag bits; progress thread only
   uint8_t dirty = 0;      // replica updated locally since its last refresh
   uint8_t plain = 0;      // this rank told the home of its intent without asking for a replica (intent.hpp)
-  uint8_t taken = 0;      // a key this rank held was taken away by another rank (contested); progress thread only
+  uint8_t marks = 0;      // Mark bits; progress thread only
   uint16_t want = 0;      // active intents of this rank's workers
   int32_t hint = 0;       // where requests go (a routing hint)
   uint32_t ver = 0;       // version of the value held here (owner: bumped by every update)
@@ -98,7 +106,7 @@ class Directory {
       m.dirty = 0;
       m.want = 0;
       m.plain = 0;
-      m.taken = 0;
+      m.marks = 0;
       m.last = 0;
       m.imask = 0;
     }

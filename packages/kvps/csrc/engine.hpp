@@ -141,8 +141,11 @@ class Engine {
   /// intent (1) or only the probe keys (0), how often that changed, and the
   /// probe's recent gains and costs in remote accesses (rounded).
   /// Then the link between hosts (link.hpp): its rate in bytes/s (0: not
-  /// weighed) and how much bytes count, in thousandths.
-  std::array<int64_t, 11> stats() const {
+  /// weighed) and how much bytes count, in thousandths. Last, key requests
+  /// this rank forwarded because it did not hold the key (stale routing hints:
+  /// each costs a message more), and keys it took back home from the ranks
+  /// intent had moved them to when intent paused (give_back).
+  std::array<int64_t, 13> stats() const {
     return {n_local_.load(),
             n_shared_.load(),
             n_remote_.load(),
@@ -153,7 +156,9 @@ class Engine {
             static_cast<int64_t>(ledger_.gains() + 0.5),
             static_cast<int64_t>(ledger_.costs() + 0.5),
             static_cast<int64_t>(link_.rate()),
-            static_cast<int64_t>(link_.weight() * 1000 + 0.5)};
+            static_cast<int64_t>(link_.weight() * 1000 + 0.5),
+            n_forwarded_.load(std::memory_order_relaxed),
+            n_given_back_.load(std::memory_order_relaxed)};
   }
   /// Whether this rank reads and updates node-local peers' shards in place.
   bool shares_memory() const { return shm_.shares_peers(); }
@@ -329,6 +334,8 @@ class Engine {
   void mark_incoming(const int64_t* keys, int64_t n);
   void queue_return(int64_t k);
   void relocate(int64_t k, int r, Outbox& ob);
+  void give_back(Outbox& ob);
+  void on_give_back(int src, const MsgView& m, Outbox& ob);
   void grant_replica(int64_t k, int q, Outbox& ob);
   // -- intents (intent.hpp)
   void share_ledger();
@@ -420,6 +427,7 @@ class Engine {
   std::vector<Meta*> pmeta_;   // node-local peers' records (nullptr: not shared)
   std::atomic<int64_t> n_local_{0}, n_shared_{0}, n_remote_{0};  // keys served, per path
   std::atomic<int64_t> n_told_{0}, n_classic_{0};                 // intents, per decision
+  std::atomic<int64_t> n_forwarded_{0}, n_given_back_{0};        // key requests forwarded, keys taken home (progress thread)
   ReuseModel reuse_;                                              // progress thread only
   IntentLedger ledger_;                                           // whether intent pays (ledger.hpp)
   LinkMeter link_;                                                // what binds between hosts (link.hpp)

@@ -83,6 +83,7 @@ inline void Engine::process_intents(int w, Outbox& ob) {
       const bool here = m.state == OWNED || m.state == INCOMING || (m.flags & F_INCOMING);
       if (here) {
         reuse_.used_again(m);  // a move asked for earlier got a second use
+        m.marks |= K_KEEP;
       } else {
         reuse_.missed(m);  // taken away before this use, or not moved at all
       }
@@ -96,7 +97,11 @@ inline void Engine::process_intents(int w, Outbox& ob) {
       auto tell = [&] {  // (told: its drop must reach the home too)
         intent_cost(k, IntentCosts::kTell);
         m.flags &= static_cast<uint8_t>(~F_UNTOLD);
-        if (window < 2) reuse_.told(k, m, c);
+        if (window < 2) {
+          reuse_.told(k, m, c);
+        } else {
+          m.marks |= K_KEEP;  // several uses announced
+        }
         add.push_back(k);
         add_replica.push_back(replica);
         m.plain = !replica;

@@ -35,10 +35,12 @@
 // gains exceed its costs again, intent resumes. Each change waits until the gains of the last one could be
 // seen (the lookahead) and needs a margin, so the choice does not flap.
 //
-// Keys moved before a pause stay where they are (relocation sticks,
+// Keys moved before a pause that were used there again (or came for a longer
+// window, or by localize) stay where they are (relocation sticks,
 // intent.hpp): they keep serving their rank locally, and their probe keys keep
 // counting as gains, so a workload whose moved keys pay over their whole stay
-// (a worker's own rows) shows it, and intent resumes.
+// (a worker's own rows) shows it, and intent resumes. The keys moved for a
+// single use go back to their homes at the pause (Engine::give_back).
 //
 // So where intent does not pay it costs about the probe's share of its
 // overhead, and the choice follows the workload. The ledger applies to the
@@ -155,6 +157,7 @@ class IntentLedger {
     if (all && gain < kLeave * cost) {
       all_keys_.store(false, std::memory_order_relaxed);
       switches_.fetch_add(1, std::memory_order_relaxed);
+      paused_now_ = true;
       hold_until_ = rounds_ + period() / round_ + warm_rounds_;
     } else if (!all && gain > kReturn * cost) {
       all_keys_.store(true, std::memory_order_relaxed);
@@ -167,6 +170,13 @@ class IntentLedger {
       hold_until_ = rounds_ + period() / round_;
     }
     return share;
+  }
+
+  /// Progress thread: whether intent paused in the last settle() (once per pause).
+  bool take_pause() {
+    const bool p = paused_now_;
+    paused_now_ = false;
+    return p;
   }
 
   /// This rank's sums for M_LEDGER: gains and costs in thousandths of a remote access.
@@ -223,6 +233,7 @@ class IntentLedger {
   std::atomic<double> shown_gain_{0}, shown_cost_{0};
   // progress thread only
   double round_cost_ = 0, gain_ = 0, cost_ = 0;  // this rank's
+  bool paused_now_ = false;
   std::vector<double> peer_gain_, peer_cost_;     // the other ranks' latest (0 for this one)
   int64_t rounds_ = 0;
 };

@@ -122,6 +122,7 @@ inline void Engine::handle_cmd(Cmd& c) {
       if (c.worker == 0 && c.a % intent_round_ == 0) {
         settle_link();
         if (ledger_.settle() && !shutting_down_ && !reqs_.failed()) share_ledger();
+        if (ledger_.take_pause() && !shutting_down_ && !reqs_.failed()) give_back(ob);
       }
       if (c.worker == 0) reuse_.expire(c.a, meta_);
       finish(ob);

@@ -88,6 +88,9 @@ inline void Engine::handle_msg(int src, const char* buf) {
     case M_LEDGER:
       if (m.h.n == 1) ledger_.peer(src, m.keys[0], m.pos[0]);
       break;
+    case M_GIVE_BACK:
+      on_give_back(src, m, ob);
+      break;
     default:
       throw distkit::Error(str("kvps: unknown message type ", m.h.type, " from rank ", src));
   }
@@ -161,6 +164,7 @@ inline void Engine::on_localize(const MsgView& m, Outbox& ob) {
     // With a notice, as an intent's move: since the request was sent, the key
     // may have reached the requester and been ordered away from it again.
     relocate(k, m.h.origin, ob);
+    meta_[k].marks |= K_LOCALIZED;  // (after relocate, which clears it): it stays there (on_give_back)
   }
 }
 
@@ -228,7 +232,7 @@ inline void Engine::serve(int32_t type, int32_t origin, int64_t ts, int64_t pos,
       case M_TRANSFER:
         ob.to(origin, M_HANDOVER, rank_, 0).put(k, m.ver, slot, lay.slot_bytes(k));
         reuse_.missed(m);  // (a move here not used again: it got one use)
-        m.taken = 1;       // another rank wants this key too
+        m.marks = static_cast<uint8_t>((m.marks | K_TAKEN) & ~K_KEEP);  // another rank wants this key too
         m.hint = origin;
         if (m.want > 0 && (tech_ == T_ALL || tech_ == T_REPL_ONLY) && !shutting_down_) {
           reps_.keep(dir_, sh_, k);  // still intended here: a replica of the new owner
@@ -257,6 +261,7 @@ inline void Engine::serve(int32_t type, int32_t origin, int64_t ts, int64_t pos,
   const int home = dir_.home(k);
   const int next = home == rank_ ? m.owner : home;
   if (next == rank_) throw distkit::Error(str("kvps: routing loop for key ", k, " on rank ", rank_));
+  n_forwarded_.fetch_add(1, std::memory_order_relaxed);
   ob.to(next, type, origin, ts).put(k, pos, val, val ? lay.row_bytes(k) : 0);
 }
 

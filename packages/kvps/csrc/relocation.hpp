@@ -72,6 +72,7 @@ inline void Engine::start_localize(const std::vector<int64_t>& keys, int64_t ts,
       }
     }
     m.lock.unlock();
+    m.marks |= K_KEEP;  // (localize: it stays here)
     waiters_[k].push_back(ts);
     if (!was_incoming) ob.to(dir_.home(k), M_LOCALIZE, rank_, 0).put(k, 0, nullptr, 0);
   }
@@ -135,6 +136,7 @@ inline void Engine::mark_incoming(const int64_t* keys, int64_t n) {
 inline void Engine::relocate(int64_t k, int r, Outbox& ob) {
   const int prev = meta_[k].owner;
   meta_[k].owner = r;
+  meta_[k].marks &= static_cast<uint8_t>(~K_LOCALIZED);  // (on_localize sets it again)
   if (r == rank_) {
     mark_incoming(&k, 1);  // not through a message to self: serve() below must see it
   } else {
@@ -144,6 +146,44 @@ inline void Engine::relocate(int64_t k, int r, Outbox& ob) {
     serve(M_TRANSFER, r, 0, r, k, nullptr, ob);
   } else {
     ob.to(prev, M_TRANSFER, rank_, 0).put(k, r, nullptr, 0);
+  }
+}
+
+/// Intent paused (ledger.hpp): the keys intent moved here for one-off windows
+/// go back to their homes, which order their relocation (on_give_back). A key
+/// used here again, moved for a longer window or by localize stays (K_KEEP):
+/// relocation sticks for the keys it pays for (a worker's own rows), and
+/// their probe keys keep showing the ledger what that gains. The others would
+/// stay where a single use left them, and every other rank's first request
+/// for one would be forwarded by its home, in a small message of its own:
+/// on word2vec's uniform negative samples on 4 hosts, one request in ten in
+/// the hundred clocks after the pause, which cost the paused server 11-28 %
+/// more CPU per step than the classic one. Given back in a few large messages,
+/// they are where the classic server keeps them; that halved the forwards
+/// (kvps performance docs). The rest are keys still intended at the pause and
+/// ranks whose routing hint names the rank a key was given back from.
+inline void Engine::give_back(Outbox& ob) {
+  if (tech_ != T_ALL) return;
+  std::vector<Builder*> per(size_, nullptr);
+  for (int64_t k = 0; k < num_keys_; ++k) {
+    const Meta& m = meta_[k];  // (state: written by this thread only)
+    if (m.state != OWNED || m.want != 0 || (m.marks & K_KEEP) || dir_.is_home(k)) continue;
+    const int h = dir_.home(k);
+    if (!per[h]) per[h] = &ob.to(h, M_GIVE_BACK, rank_, 0);
+    per[h]->put(k, 0, nullptr, 0);
+  }
+}
+
+/// Home: rank src gives back keys intent moved there. Each still there, that
+/// no rank intends now and that did not get there by localize, moves home.
+inline void Engine::on_give_back(int src, const MsgView& m, Outbox& ob) {
+  if (tech_ != T_ALL || shutting_down_) return;
+  for (int64_t i = 0; i < m.h.n; ++i) {
+    const int64_t k = m.keys[i];
+    if (k < 0 || k >= num_keys_ || !dir_.is_home(k)) continue;
+    if (meta_[k].owner != src || (meta_[k].marks & K_LOCALIZED) || dir_.intender_count(k) != 0) continue;
+    relocate(k, rank_, ob);
+    n_given_back_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 

@@ -48,7 +48,7 @@ class ReuseModel {
   /// whether enough such moves of keys of its kind got a second use here
   /// (set_link_weight: half where engine work binds, none where bytes do).
   bool worth_moving(int64_t window, const Meta& m, bool recurs) const {
-    return window >= 2 || (recurs && !m.taken) || share(m).at_least(needed_);
+    return window >= 2 || (recurs && !(m.marks & K_TAKEN)) || share(m).at_least(needed_);
   }
   /// Where the engine's CPU binds (w = 0), a move (window, tell and move:
   /// 4.5 remote accesses of engine work) pays only when the key is used again
@@ -97,8 +97,8 @@ class ReuseModel {
  private:
   // keys never taken away from here, and keys another rank took away before
   // (shared keys that move back and forth): their moves pay differently
-  DecayingShare& share(const Meta& m) { return m.taken ? contested_ : fresh_; }
-  const DecayingShare& share(const Meta& m) const { return m.taken ? contested_ : fresh_; }
+  DecayingShare& share(const Meta& m) { return (m.marks & K_TAKEN) ? contested_ : fresh_; }
+  const DecayingShare& share(const Meta& m) const { return (m.marks & K_TAKEN) ? contested_ : fresh_; }
   static constexpr int64_t kMinHorizon = 16;
   int64_t horizon_;
   double needed_ = 0.5;              // share of one-clock moves that must get a second use

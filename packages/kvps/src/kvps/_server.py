@@ -218,7 +218,12 @@ class Server:
             intent is not weighed against it: one host, or a technique other
             than ``"all"``); ``link_weight``: how much the bytes intent saves
             and sends count against its engine work, from 0 (the engine's CPU
-            binds) to 1 (the link does).
+            binds) to 1 (the link does). ``forwarded``: requests for keys
+            this rank received but did not hold, passed on towards the
+            owner (the sender's routing hint was stale after a move);
+            ``given_back``: keys this rank, their home, took back from the
+            rank intent had moved them to when intent paused (keys moved for
+            a single use; see the user guide).
         """
         s = self._engine.stats()
         loc, shared, remote, moved, classic, all_keys, switches, gain, cost = s[:9]
@@ -234,6 +239,8 @@ class Server:
             "intent_probe_cost": int(cost),
             "link_rate": int(s[9]),
             "link_weight": s[10] / 1000,
+            "forwarded": int(s[11]),
+            "given_back": int(s[12]),
         }
 
     def my_rank(self) -> int:
