@@ -140,7 +140,9 @@ def main() -> int:
             failures += bad
             for fig in figures:
                 rows.append((job, wall, fig))
-    print("\n| job | rank | wall s | rounds | ops | RSS at warm-up MiB | RSS at end MiB | growth | segments mapped | left |")
+    print(
+        "\n| job | rank | wall s | rounds | ops | RSS at warm-up MiB | RSS at end MiB | growth | segments mapped | left |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for job, wall, fig in rows:
         warm = f"{fig['rss_warm'] / 2**20:.1f}" if fig["rss_warm"] else "-"
