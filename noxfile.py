@@ -8,6 +8,7 @@
     nox -s "sanitize(package='kvps')"     # a package's suite under AddressSanitizer + UBSan
     nox -s matrix                         # the same wheels on torch 2.13.0 and 2.14.1
     nox -s demo                           # the composed training job on 4 MPI ranks
+    nox -s soak -- --minutes 6            # kvps, wholemem, mpiad for minutes: exact sums, flat memory, no shm left
     nox -s docs                           # the documentation site into build/docs/html
     nox -s gpu                            # build with nvcc for this machine's GPU, run the `gpu` tests
     nox -s bench                          # every benchmark + results/REPORT.md
@@ -662,6 +663,16 @@ def demo(session: nox.Session) -> None:
     env = openmpi_env()
     script = ROOT / "tools" / "demo.py"
     session.run("python", str(script), *session.posargs, env=env)
+
+
+@nox.session(python="3.11")
+def soak(session: nox.Session) -> None:
+    """kvps, wholemem and mpiad on 4 MPI ranks for minutes (tools/soak.py): exact results, resident
+    memory flat after warm-up (5 %), no shared-memory segment left. Off the default run;
+    `nox -s soak -- --minutes 20` runs longer, `-- --jobs kvps` one job."""
+    _install_everything(session)
+    with mpi_backing(openmpi_env()) as env:
+        session.run("python", str(ROOT / "tools" / "soak.py"), *session.posargs, env=env)
 
 
 @nox.session(python="3.11")

@@ -5,8 +5,9 @@ With peers on another node (``DISTKIT_NODE_ID``: each rank its own) and
 (``intent.hpp``: a quarter of the lookahead), at least 6 clocks before their
 window. Checks:
   * intents signalled 8 clocks ahead, without any ``wait_sync``, still bring
-    the keys here before they are used: most pulls of the intended keys are
-    answered locally (a pull returns -1);
+    the keys here before their window opens (waited for at the clock before
+    it, however slow the machine): every pull of keys intended through a
+    round is answered locally (a pull returns -1);
   * an intent for the current clock (too late for any round) takes effect at
     once: after ``wait_sync`` its keys are here;
   * every push, through whichever path and with the windows ending between
@@ -24,6 +25,7 @@ from _settle import settle_and_check_sums
 from mpi4py import MPI
 
 import kvps
+from kvps import _kvps
 
 faulthandler.dump_traceback_later(100)
 comm = MPI.COMM_WORLD
@@ -43,6 +45,21 @@ pushed = np.zeros(NK, dtype=np.int64)
 sets = [np.unique(rng.choice(NK // 2, size=64, replace=False) * 2 + other).astype(np.int64) for _ in range(STEPS)]
 for i in range(AHEAD):
     w.intent(sets[i], i, i + 2)
+OWNED = _kvps.KEY_STATES["owned"]
+
+
+def arrived_before_use(keys: np.ndarray, step: int) -> None:
+    """Wait, still at the clock before the keys' window, until they are here (no wait_sync, which
+    would run the relocations itself). Their intents were signalled 8 clocks ahead and went out
+    in a round at least 6 clocks before: they arrive without the clock moving on. How long that
+    takes in seconds depends on the machine (a loaded one schedules the ranks' progress threads
+    late), so the wait is for the event, bounded generously."""
+    deadline = time.monotonic() + 120
+    while not all(s._engine.key_state(int(k)) == OWNED for k in keys):
+        assert time.monotonic() < deadline, f"rank {rank}: the keys intended for step {step} did not arrive before it"
+        time.sleep(0.002)
+
+
 local = 0
 for i in range(STEPS):
     c = w.current_clock()
@@ -58,10 +75,11 @@ for i in range(STEPS):
         w.wait(ts)
     w.wait(w.push(keys, np.ones(len(keys) * L, dtype=np.float32)))
     pushed[keys] += 1
-    time.sleep(0.01)  # leaves a relocation (about a millisecond) several rounds of slack
+    if AHEAD <= i + 1 < STEPS:
+        arrived_before_use(sets[i + 1], i + 1)
     w.advance_clock()
 used = STEPS - AHEAD  # the first AHEAD sets were intended before the clock started
-assert local >= used // 2, f"only {local} of {STEPS} steps found their intended keys here"
+assert local >= used, f"only {local} of {STEPS} steps found their intended keys here"
 
 # too late for a round: takes effect at once
 late = np.unique(rng.choice(NK // 2, size=64, replace=False) * 2 + other).astype(np.int64)
