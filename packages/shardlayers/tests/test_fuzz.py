@@ -85,10 +85,11 @@ def _logits(n: int, c: int, dtype: torch.dtype, layout: str, special: str, seed:
     n=3, c=4, dtype=torch.float32, layout="contiguous", special="none", targets=[-100] * 6,
     target_dtype=torch.int64, reduction="mean", smoothing=0.0, weighted=True, seed=0,
 )  # fmt: skip
+# expanded logits (row stride 0): the loss, and the gradient summed into the one stored row
 @example(
     n=4, c=5, dtype=torch.float32, layout="expand", special="none", targets=[0, 4, 2, -100, 0, 0],
     target_dtype=torch.int64, reduction="mean", smoothing=0.1, weighted=True, seed=1,
-)  # fmt: skip  (expanded logits, row stride 0: loss and the gradient summed into the one stored row)
+)  # fmt: skip
 def test_vocab_parallel_cross_entropy_matches_torch(
     n: int,
     c: int,
