@@ -85,6 +85,11 @@ def _logits(n: int, c: int, dtype: torch.dtype, layout: str, special: str, seed:
     n=3, c=4, dtype=torch.float32, layout="contiguous", special="none", targets=[-100] * 6,
     target_dtype=torch.int64, reduction="mean", smoothing=0.0, weighted=True, seed=0,
 )  # fmt: skip
+# expanded logits (row stride 0): the loss, and the gradient summed into the one stored row
+@example(
+    n=4, c=5, dtype=torch.float32, layout="expand", special="none", targets=[0, 4, 2, -100, 0, 0],
+    target_dtype=torch.int64, reduction="mean", smoothing=0.1, weighted=True, seed=1,
+)  # fmt: skip
 def test_vocab_parallel_cross_entropy_matches_torch(
     n: int,
     c: int,
@@ -105,8 +110,12 @@ def test_vocab_parallel_cross_entropy_matches_torch(
     target = torch.tensor(raw, dtype=target_dtype)
     acc = torch.float64 if dtype is torch.float64 else torch.float32
     weight = torch.linspace(0.5, 2.0, c, dtype=acc) if weighted else None
-    leaf = x.clone().requires_grad_(True) if layout != "expand" else x
-    tagged = ts.nn.RegisterParallelDim(-1)(leaf)
+    if layout == "expand" and n:  # rows that share memory (row stride 0): the gradient sums into one row
+        leaf = x[:1].clone().requires_grad_(True)
+        tagged = ts.nn.RegisterParallelDim(-1)(leaf.expand(n, c))
+    else:
+        leaf = x.clone().requires_grad_(True)
+        tagged = ts.nn.RegisterParallelDim(-1)(leaf)
     bad = [(i, v) for i, v in enumerate(raw) if v != -100 and not 0 <= v < c]
     if bad:
         with pytest.raises(IndexError, match=str(bad[0][1])):
@@ -114,15 +123,16 @@ def test_vocab_parallel_cross_entropy_matches_torch(
                 tagged, target, weight, reduction=reduction, label_smoothing=smoothing
             )
         return
-    if layout == "expand" and n > 1:  # rows that share memory: refused by the native row pass (see report)
-        with pytest.raises(ValueError, match=r"row_stride \(0\) must be >= columns"):
-            ts.nn.functional.parallel_cross_entropy(tagged, target, weight, reduction=reduction)
-        return
     got = ts.nn.functional.parallel_cross_entropy(
         tagged, target, weight, reduction=reduction, label_smoothing=smoothing
     )
-    ref_x = x.detach().to(acc).requires_grad_(True)
-    want = F.cross_entropy(ref_x, target.long(), weight, reduction=reduction, label_smoothing=smoothing)
+    if layout == "expand" and n:
+        ref_x = x[:1].detach().to(acc).requires_grad_(True)
+        ref_in = ref_x.expand(n, c)
+    else:
+        ref_x = x.detach().to(acc).requires_grad_(True)
+        ref_in = ref_x
+    want = F.cross_entropy(ref_in, target.long(), weight, reduction=reduction, label_smoothing=smoothing)
     assert got.shape == want.shape
     finite = torch.isfinite(want.detach())
     if bool(finite.all()):

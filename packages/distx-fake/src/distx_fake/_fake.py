@@ -64,6 +64,11 @@ def fake_mode(*, fake_cuda: bool = False) -> Iterator[None]:
         Allow CUDA tensors to be faked even when no GPU (or no CUDA build) is present.
         The flag is restored on exit; nested blocks each set their own value.
 
+    Yields
+    ------
+    None
+        Control to the block, with fake construction active.
+
     Raises
     ------
     TypeError

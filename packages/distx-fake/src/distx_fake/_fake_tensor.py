@@ -38,7 +38,15 @@ _DATA_GETTER = torch._C.TensorBase.__dict__["data"]
 
 
 class FakeTensor(torch.Tensor):
-    """A tensor without storage: metadata of a real tensor on ``device``, backed by a meta tensor."""
+    """A tensor without storage: metadata of a real tensor on ``device``, backed by a meta tensor.
+
+    Parameters
+    ----------
+    elem : torch.Tensor
+        The meta tensor that holds the shape, strides and dtype.
+    device : torch.device
+        The device the fake tensor reports.
+    """
 
     _elem: torch.Tensor
     __slots__ = ()

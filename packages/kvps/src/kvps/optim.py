@@ -62,6 +62,11 @@ class Optimizer:
 class SGD(Optimizer):
     """``p -= lr * g`` (``torch.optim.SGD`` without momentum or weight decay).
 
+    Parameters
+    ----------
+    lr : float, default 1e-3
+        Learning rate (a finite number >= 0).
+
     Raises
     ------
     TypeError, ValueError
@@ -99,6 +104,13 @@ class Adagrad(_LrEps):
 
     State: one accumulator per element.
 
+    Parameters
+    ----------
+    lr : float, default 1e-2
+        Learning rate (a finite number >= 0).
+    eps : float, default 1e-10
+        Added to the denominator's square root (a finite number >= 0).
+
     Raises
     ------
     TypeError, ValueError
@@ -116,6 +128,13 @@ class RowWiseAdagrad(_LrEps):
 
     One accumulator per row: ``acc += mean(g**2)``; ``p -= lr * g / (sqrt(acc) + eps)``.
 
+    Parameters
+    ----------
+    lr : float, default 1e-2
+        Learning rate (a finite number >= 0).
+    eps : float, default 1e-8
+        Added to the denominator's square root (a finite number >= 0).
+
     Raises
     ------
     TypeError, ValueError
@@ -132,6 +151,15 @@ class Adam(Optimizer):
     """``torch.optim.Adam`` (no amsgrad, no weight decay) with a step count per row.
 
     State: first and second moment per element and the row's step count.
+
+    Parameters
+    ----------
+    lr : float, default 1e-3
+        Learning rate (a finite number >= 0).
+    betas : tuple of float, default (0.9, 0.999)
+        Decay rates of the first and second moment, each in ``[0, 1)``.
+    eps : float, default 1e-8
+        Added to the denominator's square root (a finite number >= 0).
 
     Raises
     ------

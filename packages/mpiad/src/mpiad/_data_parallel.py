@@ -218,6 +218,11 @@ class DataParallel(torch.nn.Module):
 
         As in DDP, what counts is where the forward runs: the backward of a
         forward made inside the context accumulates locally, wherever it runs.
+
+        Yields
+        ------
+        None
+            Control to the block; gradient synchronization is restored on exit.
         """
         old, self._sync = self._sync, False
         try:

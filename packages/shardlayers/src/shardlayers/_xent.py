@@ -130,7 +130,11 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
         rank = 0 if group is None else int(dist.get_rank(group))
         c_local = logits.shape[-1]
         x = logits.reshape(-1, c_local)
-        if x.stride(-1) != 1:
+        # the native row pass reads rows at x + r * row_stride with unit column stride and needs
+        # row_stride >= columns; other layouts (transposed, or expanded logits whose rows share
+        # memory: row stride 0) are copied here, as F.cross_entropy computes them too. The copy
+        # costs one (rows x local classes) buffer of the logits' dtype for the call.
+        if x.stride(-1) != 1 or x.stride(0) < c_local:
             x = x.contiguous()
         t = target.reshape(-1).to(torch.int64).contiguous()
         if num_classes is None:

@@ -339,6 +339,9 @@ def parallel_cross_entropy(
     exponentials, target logit (and the smoothing sum), one all-gather of ``N x 4`` numbers
     combines them, and a second native pass writes the gradient (memory: one buffer the size of the
     local logits). float16/bfloat16 logits are computed in float32 and the loss is float32.
+    Logits whose rows are not laid out one after another with unit class stride (transposed, or
+    expanded so that rows share memory: row stride 0) are first copied to a contiguous buffer,
+    which costs one more buffer the size of the local logits for the call.
     An input not tagged -1/1 (untagged, or tagged 0: rows split, classes full) holds full logits
     and is handed to ``F.cross_entropy``, as in TorchShard.
 
