@@ -6,6 +6,7 @@
     nox -s "tests(package='mpiad')"       # one package alone
     nox -s "tests(package='cluster')"     # every `cluster` test, across simulated hosts (root; ci/cluster/)
     nox -s "sanitize(package='kvps')"     # a package's suite under AddressSanitizer + UBSan
+    nox -s "tsan(package='kvps')"         # a threaded package's stress tests under ThreadSanitizer
     nox -s matrix                         # the same wheels on torch 2.13.0 and 2.14.1
     nox -s demo                           # the composed training job on 4 MPI ranks
     nox -s soak -- --minutes 6            # kvps, wholemem, mpiad for minutes: exact sums, flat memory, no shm left
@@ -424,40 +425,63 @@ def crash(session: nox.Session) -> None:
 
 #: compile and link flags of `nox -s sanitize` (also into the MODULE linker flags: pybind11 modules are MODULEs)
 SANITIZE_FLAGS = "-fsanitize=address,undefined -fno-omit-frame-pointer"
+#: ... and of `nox -s tsan` (ThreadSanitizer cannot share a process with ASan)
+TSAN_FLAGS = "-fsanitize=thread -fno-omit-frame-pointer"
 SANITIZE_SUPPRESSIONS = ROOT / "ci" / "sanitize"
 
 
-def sanitize_build_env() -> dict[str, str]:
+def sanitize_build_env(flags: str = SANITIZE_FLAGS, name: str = "sanitize") -> dict[str, str]:
     """scikit-build-core settings of a sanitized build: RelWithDebInfo at -O1 -g (Release would
-    have pybind11 add -O3, stripping and LTO), the sanitizer flags, CPU paths only, its own build dir."""
+    have pybind11 add -O3, stripping and LTO), the sanitizer flags, CPU paths only, its own build
+    dir (build/<name>-<wheel tag>: each sanitizer's objects stay apart)."""
     cmake_args = [
-        f"-DCMAKE_CXX_FLAGS={SANITIZE_FLAGS}",
-        f"-DCMAKE_C_FLAGS={SANITIZE_FLAGS}",
+        f"-DCMAKE_CXX_FLAGS={flags}",
+        f"-DCMAKE_C_FLAGS={flags}",
         "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g",
         "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g",
-        f"-DCMAKE_MODULE_LINKER_FLAGS={SANITIZE_FLAGS}",
-        f"-DCMAKE_SHARED_LINKER_FLAGS={SANITIZE_FLAGS}",
+        f"-DCMAKE_MODULE_LINKER_FLAGS={flags}",
+        f"-DCMAKE_SHARED_LINKER_FLAGS={flags}",
         "-DDISTKIT_CUDA=OFF",  # nvcc's host pass would need the flags too; no GPU runs them here
     ]
     return {
         "SKBUILD_CMAKE_BUILD_TYPE": "RelWithDebInfo",
         "SKBUILD_CMAKE_ARGS": ";".join(cmake_args),
-        "SKBUILD_BUILD_DIR": "build/sanitize-{wheel_tag}",
+        "SKBUILD_BUILD_DIR": f"build/{name}-{{wheel_tag}}",
         "SKBUILD_INSTALL_STRIP": "false",
     }
+
+
+def sanitizer_runtime(session: nox.Session, lib: str) -> str:
+    """The absolute path of gcc's runtime `lib` (libasan.so, libtsan.so, ...), to preload."""
+    path = str(session.run("gcc", f"-print-file-name={lib}", silent=True, external=True) or "").strip()
+    if not os.path.isabs(path):
+        session.error(f"gcc does not know {lib} (install gcc's sanitizer runtimes)")
+    return os.path.realpath(path)
+
+
+def sanitizer_logs(session: nox.Session) -> Path:
+    """An empty folder for the sanitizer reports of this session's processes."""
+    logs = Path(session.create_tmp()) / "sanitizer-logs"
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir()
+    return logs
+
+
+def check_sanitizer_logs(session: nox.Session, logs: Path, what: str) -> None:
+    """Fail the session on any report left in `logs`: a report in a child whose exit code a test
+    does not look at still leaves its log there."""
+    reports = sorted(logs.iterdir())
+    if reports:
+        for path in reports:
+            session.log(f"--- {path.name} ---\n{path.read_text(errors='replace')[-20000:]}")
+        session.error(f"{len(reports)} {what} report(s) under {logs}")
 
 
 def sanitize_run_env(session: nox.Session, logs: Path) -> dict[str, str]:
     """The runtime preloaded into every Python (and, inherited, every rank under mpiexec), and options
     under which any report ends its process with a non-zero exit instead of scrolling past."""
-    runtimes = []
-    for lib in ("libasan.so", "libubsan.so"):
-        path = str(session.run("gcc", f"-print-file-name={lib}", silent=True, external=True) or "").strip()
-        if not os.path.isabs(path):
-            session.error(f"gcc does not know {lib} (install gcc's sanitizer runtimes)")
-        runtimes.append(os.path.realpath(path))
     return {
-        "LD_PRELOAD": ":".join(runtimes),
+        "LD_PRELOAD": ":".join(sanitizer_runtime(session, lib) for lib in ("libasan.so", "libubsan.so")),
         # leaks: CPython and torch keep their interned objects, caches and thread pools until exit
         # on purpose, and LSan's suppressions cannot tell those from ours, so leak checking is off
         "ASAN_OPTIONS": ":".join(
@@ -495,19 +519,63 @@ def sanitize(session: nox.Session, package: str) -> None:
     wheelhouse = ROOT / "build" / "wheelhouse-sanitize"
     build_wheels(session, [package, *optional], wheelhouse, env=sanitize_build_env())
     install_wheels(session, [package, *optional], wheelhouse)
-    logs = Path(session.create_tmp()) / "sanitizer-logs"
-    shutil.rmtree(logs, ignore_errors=True)
-    logs.mkdir()
+    logs = sanitizer_logs(session)
     # a halting report ends pytest itself: with fd capture it would go down with pytest's buffers;
     # -v names the test it ended in
     session.posargs[:] = ["--capture=sys", "-v", *session.posargs]
     run_pytest(session, [package], extra_env=sanitize_run_env(session, logs))
-    # a report in a child whose exit code a test does not look at still leaves its log here
-    reports = sorted(logs.iterdir())
-    if reports:
-        for path in reports:
-            session.log(f"--- {path.name} ---\n{path.read_text(errors='replace')[-20000:]}")
-        session.error(f"{len(reports)} AddressSanitizer report(s) under {logs}")
+    check_sanitizer_logs(session, logs, "AddressSanitizer")
+
+
+#: the packages whose native code runs threads of its own, and the tests of `nox -s tsan` that
+#: drive those threads hardest (each checks exact results): kvps's progress thread and worker
+#: threads, distx-fake's I/O thread pool, mpiad's non-blocking worker
+TSAN_TESTS: dict[str, list[str]] = {
+    "kvps": ["-k", "relocated_faster or intent_rounds or core_behaviours"],
+    "distx-fake": ["-k", "(pieces or direct_io or checkpoint) and not killed"],  # (not the kill loops: a process each)
+    "mpiad": ["-k", "nonblocking"],
+}
+
+
+def tsan_run_env(session: nox.Session, logs: Path) -> dict[str, str]:
+    """libtsan preloaded into every Python (and, inherited, every rank under mpiexec), options
+    under which any report ends its process with a non-zero exit, and the suppressions of what
+    ThreadSanitizer cannot see into (ci/sanitize/tsan.supp, each entry with its reason)."""
+    return {
+        "LD_PRELOAD": sanitizer_runtime(session, "libtsan.so"),
+        "TSAN_OPTIONS": ":".join(
+            [
+                "halt_on_error=1",
+                "exitcode=66",
+                "second_deadlock_stack=1",
+                f"suppressions={SANITIZE_SUPPRESSIONS / 'tsan.supp'}",
+                f"log_path={logs / 'tsan'}",
+                # gcc 12's libtsan symbolizes without function names otherwise
+                *([f"external_symbolizer_path={sym}"] if (sym := shutil.which("llvm-symbolizer")) else []),
+            ]
+        ),
+        # UCX (loaded by Open MPI even with ob1) hooks madvise, which glibc calls on a thread's
+        # exit after libtsan has torn the thread's state down: every process with MPI crashed
+        # at its first thread exit (in ucm_event_enter), before any report of ours
+        "UCX_MEM_EVENTS": "no",
+    }
+
+
+@nox.session(python="3.11")
+@nox.parametrize("package", list(TSAN_TESTS))
+def tsan(session: nox.Session, package: str) -> None:
+    """A threaded package's stress tests (TSAN_TESTS) on wheels built with ThreadSanitizer; any
+    data race, lock-order inversion or thread misuse report fails the run. Extra arguments go to
+    pytest instead of the default selection."""
+    install_base(session, extra=tuple(TEST_REQUIREMENTS.get(package, [])))
+    optional = TEST_EXTRAS.get(package, [])
+    wheelhouse = ROOT / "build" / "wheelhouse-tsan"
+    build_wheels(session, [package, *optional], wheelhouse, env=sanitize_build_env(TSAN_FLAGS, "tsan"))
+    install_wheels(session, [package, *optional], wheelhouse)
+    logs = sanitizer_logs(session)
+    session.posargs[:] = ["--capture=sys", "-v", *(session.posargs or TSAN_TESTS[package])]
+    run_pytest(session, [package], extra_env=tsan_run_env(session, logs))
+    check_sanitizer_logs(session, logs, "ThreadSanitizer")
 
 
 def _all_test_requirements() -> list[str]:

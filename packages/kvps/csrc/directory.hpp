@@ -69,6 +69,12 @@ struct Meta {
     int32_t slot;       // elsewhere: the key's slot in region B (store.hpp), -1: none
   };
   uint64_t imask = 0;     // home: intending ranks (size <= 64)
+
+  // `hint` and `owner` are read without the key's lock, by this rank's workers and by
+  // node-local peers (worker_ops.hpp, direct()), while the progress thread rewrites them:
+  // every write is a relaxed atomic store to match those loads (a plain store on x86).
+  void set_hint(int32_t r) { __atomic_store_n(&hint, r, __ATOMIC_RELAXED); }
+  void set_owner(int32_t r) { __atomic_store_n(&owner, r, __ATOMIC_RELAXED); }
 };
 static_assert(sizeof(Meta) == 32, "one key record per half cache line");
 
@@ -95,9 +101,9 @@ class Directory {
     for (int64_t k = 0; k < num_keys_; ++k) {
       Meta& m = meta_[k];
       const int h = home(k);
-      m.hint = h;
+      m.set_hint(h);
       if (h == rank_) {
-        m.owner = h;
+        m.set_owner(h);
       } else {
         m.slot = -1;
       }

@@ -36,7 +36,7 @@ inline void Engine::handle_msg(int src, const char* buf) {
       on_pull_resp(src, m);
       break;
     case M_ACK:
-      for (int64_t i = 0; i < m.h.n; ++i) meta_[m.keys[i]].hint = src;
+      for (int64_t i = 0; i < m.h.n; ++i) meta_[m.keys[i]].set_hint(src);
       reqs_.complete(m.h.ts, m.h.n);
       break;
     case M_FETCH_RESP:
@@ -106,7 +106,7 @@ inline void Engine::on_pull_resp(int src, const MsgView& m) {
     const size_t b = sh_.layout().row_bytes(k);
     if (req) std::memcpy(req->out + req->out_off[m.pos[i]], v, b);
     v += b;
-    meta_[k].hint = src;
+    meta_[k].set_hint(src);
   }
   reqs_.complete(m.h.ts, m.h.n);
 }
@@ -117,7 +117,7 @@ inline void Engine::on_fetch_resp(int src, const MsgView& m) {
     ahead(m.keys, m.h.n, i, true);
     const int64_t k = m.keys[i];
     Meta& r = meta_[k];
-    r.hint = src;
+    r.set_hint(src);
     r.flags &= static_cast<uint8_t>(~F_FETCHING);
     r.lock.lock();
     if (r.state == NOT_HERE && r.want > 0 && !shutting_down_) reps_.install(dir_, sh_, k, v, static_cast<uint32_t>(m.pos[i]));
@@ -134,7 +134,7 @@ inline void Engine::on_rsync_resp(int src, const MsgView& m) {
     ahead(m.keys, m.h.n, i, true);
     const int64_t k = m.keys[i];
     Meta& r = meta_[k];
-    r.hint = src;
+    r.set_hint(src);
     r.flags &= static_cast<uint8_t>(~F_SYNCING);
     r.lock.lock();
     if (r.state == REPLICA) reps_.refresh(r, sh_, k, v, static_cast<uint32_t>(m.pos[i]));
@@ -147,7 +147,7 @@ inline void Engine::on_rsync_resp(int src, const MsgView& m) {
 
 inline void Engine::on_rcheck_resp(int src, const MsgView& m) {
   for (int64_t i = 0; i < m.h.n; ++i) {
-    meta_[m.keys[i]].hint = src;
+    meta_[m.keys[i]].set_hint(src);
     meta_[m.keys[i]].flags &= static_cast<uint8_t>(~F_SYNCING);
     intent_cost(m.keys[i], IntentCosts::kRcheck);
   }
@@ -233,7 +233,7 @@ inline void Engine::serve(int32_t type, int32_t origin, int64_t ts, int64_t pos,
         ob.to(origin, M_HANDOVER, rank_, 0).put(k, m.ver, slot, lay.slot_bytes(k));
         reuse_.missed(m);  // (a move here not used again: it got one use)
         m.marks = static_cast<uint8_t>((m.marks | K_TAKEN) & ~K_KEEP);  // another rank wants this key too
-        m.hint = origin;
+        m.set_hint(origin);
         if (m.want > 0 && (tech_ == T_ALL || tech_ == T_REPL_ONLY) && !shutting_down_) {
           reps_.keep(dir_, sh_, k);  // still intended here: a replica of the new owner
         } else {

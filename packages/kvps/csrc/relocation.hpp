@@ -27,7 +27,7 @@ inline void Engine::handover(int64_t k, const char* v, uint32_t ver, Outbox& ob)
   m.dirty = 0;
   m.flags &= static_cast<uint8_t>(~(F_DELTA | F_INCOMING));
   m.state = OWNED;
-  m.hint = rank_;
+  m.set_hint(rank_);
   m.lock.unlock();
   if (!waiters_.empty()) {
     auto w = waiters_.find(k);
@@ -135,7 +135,7 @@ inline void Engine::mark_incoming(const int64_t* keys, int64_t n) {
 /// the current owner hands the value over directly.
 inline void Engine::relocate(int64_t k, int r, Outbox& ob) {
   const int prev = meta_[k].owner;
-  meta_[k].owner = r;
+  meta_[k].set_owner(r);
   meta_[k].marks &= static_cast<uint8_t>(~K_LOCALIZED);  // (on_localize sets it again)
   if (r == rank_) {
     mark_incoming(&k, 1);  // not through a message to self: serve() below must see it

@@ -37,9 +37,11 @@ class Shard {
   }
 
   const Layout& layout() const { return lay_; }
-  /// Key k's slot here (valid while the key is held here).
-  char* slot(int64_t k) const { return vals_ + lay_.at(k, rank_, meta_[k].slot); }
-  char* delta(int64_t k) const { return delta_.data() + lay_.at(k, rank_, meta_[k].slot); }
+  /// Key k's slot here (valid while the key is held here). The record's `slot` is read only
+  /// for a key homed elsewhere: at the home the same bytes are `owner` (a union), which the
+  /// progress thread rewrites without the key's lock while workers serve the key under it.
+  char* slot(int64_t k) const { return vals_ + lay_.at(k, rank_, b_slot(k, rank_, meta_[k])); }
+  char* delta(int64_t k) const { return delta_.data() + lay_.at(k, rank_, b_slot(k, rank_, meta_[k])); }
   /// Key k's slot here if k is homed here (its place is known without its
   /// record), else nullptr: for prefetching ahead, where reading the record
   /// to find a region-B slot would itself wait for memory.
@@ -47,7 +49,7 @@ class Shard {
     return lay_.home(k) == rank_ ? vals_ + lay_.at(k, rank_, -1) : nullptr;
   }
   /// Key k's slot in rank p's arena `values`, from p's record `m` of it.
-  char* slot_of(char* values, int p, int64_t k, const Meta& m) const { return values + lay_.at(k, p, m.slot); }
+  char* slot_of(char* values, int p, int64_t k, const Meta& m) const { return values + lay_.at(k, p, b_slot(k, p, m)); }
   Arena& delta_arena() { return delta_; }
 
   /// Key k arrives here (owned or replicated): give it a slot unless it has
@@ -86,6 +88,9 @@ class Shard {
   }
 
  private:
+  /// Key k's region-B slot index in rank p's record `m` (-1, unread, when p is k's home).
+  int32_t b_slot(int64_t k, int p, const Meta& m) const { return lay_.home(k) == p ? -1 : m.slot; }
+
   int size_;
   Layout lay_;
   Rule rule_;
