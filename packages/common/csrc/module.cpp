@@ -176,6 +176,25 @@ PYBIND11_MODULE(_distkit_common, m) {
       "Sum 0..n-1 with parallel_for (tests the pool, including exception propagation).");
 
   m.def(
+      "parallel_stress",
+      [](int64_t calls) {
+        nogil release;
+        int64_t bad = 0;
+        for (int64_t i = 0; i < calls; ++i) {
+          std::atomic<int> hits[8];
+          for (auto& h : hits) h.store(0);
+          // 8 parts, then 2: a worker late from one call must not take a part of the next
+          parallel_for(0, 8, (i % 2) ? 1 : 4, [&](int64_t lo, int64_t hi) {
+            for (int64_t j = lo; j < hi; ++j) hits[j]++;
+          });
+          for (auto& h : hits) bad += h.load() != 1;
+        }
+        return bad;
+      },
+      py::arg("calls"),
+      "Back-to-back parallel_for calls of 8 and 2 parts; returns how many parts ran other than once.");
+
+  m.def(
       "convert_f32", [](uintptr_t src, uintptr_t dst, int64_t n, int dtype) {
         const DType t = dtype_from_code(dtype);
         check<TypeError>(t == DType::Float16 || t == DType::BFloat16, "convert_f32 supports float16/bfloat16");

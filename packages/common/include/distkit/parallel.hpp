@@ -53,19 +53,19 @@ class ThreadPool {
   /// Run task(part) for part in [0, parts) on the pool; the caller runs part 0.
   void run(int parts, const std::function<void(int)>& task) {
     std::lock_guard<std::mutex> run(run_mutex_);  // one parallel region at a time
+    uint32_t gen;
     {
       std::lock_guard<std::mutex> lk(m_);
       task_ = &task;
-      parts_.store(parts);
-      next_.store(1);
+      parts_ = parts;
       pending_ = parts - 1;
       error_ = nullptr;
-      ++generation_;
+      gen = ++generation_;
+      claim_.store(static_cast<uint64_t>(gen) << 32 | 1);
     }
     cv_.notify_all();
     execute(0);
-    // help with remaining parts
-    for (int p; (p = next_.fetch_add(1)) < parts_;) execute(p);
+    drain(gen, parts);  // help with the remaining parts
     std::unique_lock<std::mutex> lk(m_);
     done_cv_.wait(lk, [this] { return pending_ == 0; });
     task_ = nullptr;
@@ -73,6 +73,22 @@ class ThreadPool {
   }
 
  private:
+  /// Run parts of call `gen` (of `parts` parts) until none is left to claim.
+  /// A part is claimed together with its call's generation, in one word: a
+  /// worker still looping over a finished call must not take a part number of
+  /// the next call and compare it with the next call's part count (that part
+  /// then ran twice, the pending count went wrong, and run() returned while a
+  /// part was running, or never returned).
+  void drain(uint32_t gen, int parts) {
+    uint64_t c = claim_.load();
+    while ((c >> 32) == gen && static_cast<int>(c & 0xffffffffu) < parts) {
+      if (claim_.compare_exchange_weak(c, c + 1)) {
+        execute(static_cast<int>(c & 0xffffffffu));
+        c = claim_.load();
+      }
+    }
+  }
+
   void execute(int p) {
     try {
       (*task_)(p);
@@ -87,15 +103,17 @@ class ThreadPool {
   }
 
   void loop(int) {
-    uint64_t seen = 0;
+    uint32_t seen = 0;
     for (;;) {
+      int parts;
       {
         std::unique_lock<std::mutex> lk(m_);
         cv_.wait(lk, [&] { return stopping_ || generation_ != seen; });
         if (stopping_) return;
         seen = generation_;
+        parts = parts_;
       }
-      for (int p; (p = next_.fetch_add(1)) < parts_;) execute(p);
+      drain(seen, parts);
     }
   }
 
@@ -114,10 +132,10 @@ class ThreadPool {
   std::mutex m_;
   std::condition_variable cv_, done_cv_;
   const std::function<void(int)>* task_ = nullptr;
-  std::atomic<int> next_{0};
-  std::atomic<int> parts_{0};
+  std::atomic<uint64_t> claim_{0};  // the call's generation (high half) and its next part to claim
+  int parts_ = 0;                    // (under m_)
   int pending_ = 0;
-  uint64_t generation_ = 0;
+  uint32_t generation_ = 0;
   bool stopping_ = false;
   std::exception_ptr error_;
 };
