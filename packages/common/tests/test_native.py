@@ -45,10 +45,7 @@ def test_parallel_for_calls_back_to_back_of_different_sizes() -> None:
     # call and compared it with that call's part count: the part ran twice and run()
     # returned early or never (the old pool hung within seconds of this loop). In a
     # process of its own, so that a hang fails the test instead of the suite.
-    code = (
-        "from distkit_common import _distkit_common as n; n.set_num_threads(8); "
-        "print(n.parallel_stress(100_000))"
-    )
+    code = "from distkit_common import _distkit_common as n; n.set_num_threads(8); print(n.parallel_stress(100_000))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "0", out.stdout
