@@ -365,6 +365,51 @@ def commit_phases(index: str) -> list[PhaseRule]:
     ]
 
 
+def replace_phases(index: str, staging: str) -> list[PhaseRule]:
+    """The phases of a commit that replaces an index file beside the files it names.
+
+    As a safetensors export into a Hugging Face folder commits (``distx_fake``): claim (the
+    staging folder ``<staging>.tmp-*`` inside the output folder and its owner marker), data
+    (the new files, in the staging folder), place (the new files renamed beside the live
+    ones, under names no index uses), index (written in the staging folder), commit (the
+    index renamed over the old one), remove previous (the files no index names any more),
+    finish (the staging folder removed, the folder synced).
+
+    Parameters
+    ----------
+    index : str
+        The index's file name (``model.safetensors.index.json``).
+    staging : str
+        The name of the staging folder before its ``.tmp-<token>`` (``.distx-export``).
+
+    Returns
+    -------
+    list of (str, callable)
+        For :func:`phase_of`.
+    """
+    owned = re.compile(r"\.own-\d+-")
+    from .. import fsio
+
+    def base(ev: Event) -> str:
+        return os.path.basename(ev.path)
+
+    def in_stage(ev: Event) -> bool:
+        return os.path.basename(os.path.dirname(ev.path)).startswith(staging + fsio.TMP_INFIX)
+
+    return [
+        ("claim", lambda ev: False),
+        ("data", lambda ev: ev.name == "open" and in_stage(ev) and not base(ev).startswith(fsio.MARKER_PREFIX)),
+        ("place", lambda ev: ev.name == "os.rename" and in_stage(ev) and base(ev) != index),
+        ("index", lambda ev: ev.name == "open" and in_stage(ev) and base(ev) == index),
+        ("commit", lambda ev: ev.name == "os.rename" and in_stage(ev) and base(ev) == index),
+        ("remove previous", lambda ev: ev.name == "os.remove" and not in_stage(ev)),
+        (
+            "finish",
+            lambda ev: ev.name == "os.rename" and base(ev).startswith(staging + fsio.TMP_INFIX) and not owned.search(ev.path),
+        ),
+    ]
+
+
 @dataclass
 class Tally:
     """What the kills of a series left: per phase, how many left the previous or the new checkpoint.
@@ -576,5 +621,6 @@ __all__ = [
     "commit_phases",
     "kill_points",
     "phase_of",
+    "replace_phases",
     "run_series",
 ]
