@@ -185,8 +185,19 @@ class Writer:
         timers: list[threading.Timer] = []
         landed = f"{self.spec['landed']}.{self.rank}"
 
+        # held by die() from the moment it takes the steps seen until the kill: a step of the
+        # save that had not begun by then waits in the hook, so the record is the last step begun
+        # (without it, a delayed kill could record the steps, then the save start the next one
+        # -- the rename of an index, say -- before the SIGKILL, and the kill counted in a phase
+        # it had left)
+        lock = threading.RLock()
+        dying = [False]
+
         def die(delayed: bool) -> None:
-            _write_json(landed, {"delayed": delayed, "events": [e.__dict__ for e in seen]})
+            lock.acquire()  # never released: the process ends here
+            dying[0] = True
+            events = [e.__dict__ for e in seen]
+            _write_json(landed, {"delayed": delayed, "events": events})
             os.kill(os.getpid(), signal.SIGKILL)
 
         def hook(event: str, args: tuple[Any, ...]) -> None:
@@ -195,14 +206,17 @@ class Writer:
             step = _step(event, args)
             if step is None:
                 return
-            seen.append(Event(step[0], step[1], time.monotonic() - t0))
-            if mine and len(seen) == int(kill["step"]) + 1:
-                if float(kill["delay"]) <= 0:
-                    die(False)
-                timer = threading.Timer(float(kill["delay"]), die, args=(True,))
-                timer.daemon = True
-                timers.append(timer)
-                timer.start()
+            with lock:
+                if dying[0]:
+                    return  # die()'s own record (the other threads wait for the lock)
+                seen.append(Event(step[0], step[1], time.monotonic() - t0))
+                if mine and len(seen) == int(kill["step"]) + 1:
+                    if float(kill["delay"]) <= 0:
+                        die(False)
+                    timer = threading.Timer(float(kill["delay"]), die, args=(True,))
+                    timer.daemon = True
+                    timers.append(timer)
+                    timer.start()
 
         # a delayed kill needs the GIL to fire: switch threads often, so it lands near its time
         interval = sys.getswitchinterval()
@@ -405,7 +419,9 @@ def replace_phases(index: str, staging: str) -> list[PhaseRule]:
         ("remove previous", lambda ev: ev.name == "os.remove" and not in_stage(ev)),
         (
             "finish",
-            lambda ev: ev.name == "os.rename" and base(ev).startswith(staging + fsio.TMP_INFIX) and not owned.search(ev.path),
+            lambda ev: (
+                ev.name == "os.rename" and base(ev).startswith(staging + fsio.TMP_INFIX) and not owned.search(ev.path)
+            ),
         ),
     ]
 

@@ -492,4 +492,3 @@ class _Copy:
         if bar is not None:
             bar.update(self.pending)
         self.pieces, self.runs, self.expect, self.pending = [], [], [], 0
-
