@@ -403,11 +403,13 @@ def crash(session: nox.Session) -> None:
     """The crash-consistency series at full size: 100 SIGKILLs per case of distx-fake's and kvps's saves.
 
     The tests of `test_crash.py`, whose default run has one case per package with 6 kills: here
-    every case (1 and 2-3 ranks, both kvps formats, the two-rename commit) with
-    `DISTKIT_CRASH_POINTS` kills each (default 100); the tallies (kills per phase, how many left
-    the previous or the new checkpoint) are written to `build/crash/REPORT.md`.
+    every case (1 and 2-3 ranks, both kvps formats, the two-rename commit, distx-fake's
+    safetensors export over an earlier one) with `DISTKIT_CRASH_POINTS` kills each (default 100);
+    the tallies (kills per phase, how many left the previous or the new checkpoint) are written
+    to `build/crash/REPORT.md`.
     """
-    install_base(session)
+    # the export case reads what it left with safetensors, the reference reader
+    install_base(session, extra=tuple(r for r in TEST_REQUIREMENTS["distx-fake"] if r.startswith("safetensors")))
     build_wheels(session, ["distx-fake", "kvps"])
     install_wheels(session, ["distx-fake", "kvps"])
     report = ROOT / "build" / "crash" / "REPORT.md"

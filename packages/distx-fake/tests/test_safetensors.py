@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -133,6 +135,40 @@ def test_export_of_column_and_block_shards_split_into_many_pieces(tmp_path: Path
     (ck / "metadata.json").write_text(json.dumps(meta))
     with pytest.raises(cp.CheckpointCorruptionError, match=r"'mat': its saved chunks hold 147700 of its 210000"):
         cp.export_safetensors(ck, tmp_path / "hf3", prefix="model.")
+
+
+def test_export_over_an_export_keeps_other_files_and_removes_the_replaced_shards(tmp_path: Path) -> None:
+    """The shards of an export never take a name the live index uses (so an export killed before
+    its index is renamed into place leaves the previous one whole): standard names, then names
+    with a token, then standard again; the replaced shards and unindexed ones go, other files stay."""
+    sd = _sample()
+    cp.save_state_dict(sd, cp.FileSystemWriter(tmp_path / "ck"), no_dist=True)
+    out = tmp_path / "hf"
+    out.mkdir()
+    others = ["config.json", "adapter_model.safetensors", "model.safetensors.tmp-0123abcd"]
+    for n in others:
+        (out / n).write_text("{}")  # the user's files (and a temporary of the code before, whose writer is unknown)
+    (out / "model-00007-of-00009.safetensors").write_text("stale")  # a shard no index names
+    standard = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+    tokened = re.compile(r"model-[0-9a-f]{8}-\d{5}-of-\d{5}\.safetensors")
+    for want in (standard, tokened, standard):
+        index = cp.export_safetensors(tmp_path / "ck", out, max_shard_size="40KB")
+        files = sorted(set(index["weight_map"].values()))
+        assert len(files) >= 2 and all(want.fullmatch(f) for f in files), files
+        assert sorted(os.listdir(out)) == sorted([*files, "model.safetensors.index.json", *others])
+        got: dict[str, torch.Tensor] = {}
+        for f in files:
+            got.update(safetensors_torch.load_file(str(out / f)))
+        assert got.keys() == sd.keys() and all(torch.equal(got[k], v) for k, v in sd.items())
+    # a second export into the folder while one runs is refused (the lock dies with its holder)
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with pytest.raises(RuntimeError, match="another export_safetensors is writing into"):
+            cp.export_safetensors(tmp_path / "ck", out)
+    finally:
+        os.close(fd)
+    assert sorted(os.listdir(out)) == sorted([*files, "model.safetensors.index.json", *others])
 
 
 def test_load_safetensors_into_any_box_reads_only_its_bytes(tmp_path: Path) -> None:

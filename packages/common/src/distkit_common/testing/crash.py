@@ -185,8 +185,19 @@ class Writer:
         timers: list[threading.Timer] = []
         landed = f"{self.spec['landed']}.{self.rank}"
 
+        # held by die() from the moment it takes the steps seen until the kill: a step of the
+        # save that had not begun by then waits in the hook, so the record is the last step begun
+        # (without it, a delayed kill could record the steps, then the save start the next one
+        # -- the rename of an index, say -- before the SIGKILL, and the kill counted in a phase
+        # it had left)
+        lock = threading.RLock()
+        dying = [False]
+
         def die(delayed: bool) -> None:
-            _write_json(landed, {"delayed": delayed, "events": [e.__dict__ for e in seen]})
+            lock.acquire()  # never released: the process ends here
+            dying[0] = True
+            events = [e.__dict__ for e in seen]
+            _write_json(landed, {"delayed": delayed, "events": events})
             os.kill(os.getpid(), signal.SIGKILL)
 
         def hook(event: str, args: tuple[Any, ...]) -> None:
@@ -195,14 +206,17 @@ class Writer:
             step = _step(event, args)
             if step is None:
                 return
-            seen.append(Event(step[0], step[1], time.monotonic() - t0))
-            if mine and len(seen) == int(kill["step"]) + 1:
-                if float(kill["delay"]) <= 0:
-                    die(False)
-                timer = threading.Timer(float(kill["delay"]), die, args=(True,))
-                timer.daemon = True
-                timers.append(timer)
-                timer.start()
+            with lock:
+                if dying[0]:
+                    return  # die()'s own record (the other threads wait for the lock)
+                seen.append(Event(step[0], step[1], time.monotonic() - t0))
+                if mine and len(seen) == int(kill["step"]) + 1:
+                    if float(kill["delay"]) <= 0:
+                        die(False)
+                    timer = threading.Timer(float(kill["delay"]), die, args=(True,))
+                    timer.daemon = True
+                    timers.append(timer)
+                    timer.start()
 
         # a delayed kill needs the GIL to fire: switch threads often, so it lands near its time
         interval = sys.getswitchinterval()
@@ -362,6 +376,53 @@ def commit_phases(index: str) -> list[PhaseRule]:
         ("swap", lambda ev: base(ev) == fsio.REPLACER_MARKER or ev.name == NATIVE_EVENT + "exchange_paths"),
         ("remove previous", lambda ev: ev.name in ("os.remove", "shutil.rmtree") and in_tmp(ev)),
         ("finish", lambda ev: ev.name == "os.remove" and not in_tmp(ev) and base(ev).startswith(fsio.MARKER_PREFIX)),
+    ]
+
+
+def replace_phases(index: str, staging: str) -> list[PhaseRule]:
+    """The phases of a commit that replaces an index file beside the files it names.
+
+    As a safetensors export into a Hugging Face folder commits (``distx_fake``): claim (the
+    staging folder ``<staging>.tmp-*`` inside the output folder and its owner marker), data
+    (the new files, in the staging folder), place (the new files renamed beside the live
+    ones, under names no index uses), index (written in the staging folder), commit (the
+    index renamed over the old one), remove previous (the files no index names any more),
+    finish (the staging folder removed, the folder synced).
+
+    Parameters
+    ----------
+    index : str
+        The index's file name (``model.safetensors.index.json``).
+    staging : str
+        The name of the staging folder before its ``.tmp-<token>`` (``.distx-export``).
+
+    Returns
+    -------
+    list of (str, callable)
+        For :func:`phase_of`.
+    """
+    owned = re.compile(r"\.own-\d+-")
+    from .. import fsio
+
+    def base(ev: Event) -> str:
+        return os.path.basename(ev.path)
+
+    def in_stage(ev: Event) -> bool:
+        return os.path.basename(os.path.dirname(ev.path)).startswith(staging + fsio.TMP_INFIX)
+
+    return [
+        ("claim", lambda ev: False),
+        ("data", lambda ev: ev.name == "open" and in_stage(ev) and not base(ev).startswith(fsio.MARKER_PREFIX)),
+        ("place", lambda ev: ev.name == "os.rename" and in_stage(ev) and base(ev) != index),
+        ("index", lambda ev: ev.name == "open" and in_stage(ev) and base(ev) == index),
+        ("commit", lambda ev: ev.name == "os.rename" and in_stage(ev) and base(ev) == index),
+        ("remove previous", lambda ev: ev.name == "os.remove" and not in_stage(ev)),
+        (
+            "finish",
+            lambda ev: (
+                ev.name == "os.rename" and base(ev).startswith(staging + fsio.TMP_INFIX) and not owned.search(ev.path)
+            ),
+        ),
     ]
 
 
@@ -576,5 +637,6 @@ __all__ = [
     "commit_phases",
     "kill_points",
     "phase_of",
+    "replace_phases",
     "run_series",
 ]

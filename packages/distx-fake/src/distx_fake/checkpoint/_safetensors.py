@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -28,10 +27,10 @@ from distkit_common import dtypes as dk_dtypes
 from .. import _distx_fake as _native
 from ._boxes import Box, box_of, check_has_data
 from ._engine import BATCH_BYTES, DataFiles, verify
+from ._hf_commit import INDEX, ExportCommit
 from ._metadata import CheckpointCorruptionError, flatten, name_of, read_index
 from ._progress import progress
 
-INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 #: distkit dtype name <-> safetensors dtype code
 _CODES = {
@@ -290,11 +289,14 @@ def export_safetensors(
 ) -> dict[str, Any]:
     """Export a checkpoint (written by any number of ranks) to a Hugging Face safetensors folder.
 
-    Writes ``model-0000k-of-0000n.safetensors`` files of at most ``max_shard_size`` bytes (a
-    tensor larger than that gets a file of its own) and ``model.safetensors.index.json`` into
-    ``dst`` (created if needed; other files such as ``config.json`` are left alone). Every
-    piece read is verified against its crc32c. Each file appears complete or not at all
-    (written under a temporary name, fsynced, renamed); the index is written last.
+    Writes shard files of at most ``max_shard_size`` bytes (a tensor larger than that gets a
+    file of its own) and ``model.safetensors.index.json`` into ``dst`` (created if needed;
+    other files such as ``config.json`` are left alone). Every piece read is verified against
+    its crc32c. The shards are named ``model-0000k-of-0000n.safetensors``, or, when they
+    replace an export that uses those names, ``model-<8 hex>-0000k-of-0000n.safetensors``
+    (the index names them; every Hugging Face loader reads it): an export killed at any
+    point leaves the previous export or the new one, complete, and the next export removes
+    what the killed one left, as well as the replaced export's shards.
 
     Parameters
     ----------
@@ -327,6 +329,8 @@ def export_safetensors(
         If a tensor's dtype has no safetensors code (complex128).
     CheckpointCorruptionError
         If a checksum does not match.
+    RuntimeError
+        If another export is writing into ``dst``.
     """
     src_s, dst_s = os.path.abspath(os.fspath(src)), os.path.abspath(os.fspath(dst))
     limit = parse_size(max_shard_size)
@@ -354,43 +358,37 @@ def export_safetensors(
             size = 0
         shards[-1].append(t)
         size += t[2]
-    os.makedirs(dst_s, exist_ok=True)
     total = sum(t[2] for t in tensors)
     bar = progress(progress_bar, 0, total, "export")
-    names = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
-    tmps = [os.path.join(dst_s, f"{n}.tmp-{secrets.token_hex(4)}") for n in names]
     fds: list[int] = []
     try:
-        with DataFiles(src_s, True) as files:
-            copy = _Copy(files, fds, sync)
-            for k, shard in enumerate(shards):
-                fds.append(os.open(tmps[k], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
-                raw = _header(shard)
-                os.pwrite(fds[k], raw, 0)
-                pos = len(raw)
-                for name, e, nbytes in shard:
-                    copy.add(name, e, k, pos, bar)
-                    pos += nbytes
-            copy.run(bar)
-        if sync:
-            for fd in fds:
-                _native.fsync_fd(fd)
-        for k, fd in enumerate(fds):
-            os.close(fd)
-            fds[k] = -1
-            os.replace(tmps[k], os.path.join(dst_s, names[k]))
-        weight_map = {n: names[k] for k, shard in enumerate(shards) for n, _, _ in shard}
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        _atomic_write(os.path.join(dst_s, INDEX), json.dumps(index, indent=2).encode(), sync)
-        if sync:
-            _native.fsync_path(dst_s)
-    except BaseException:
-        for k, fd in enumerate(fds):
-            if fd >= 0:
+        with ExportCommit(dst_s, sync) as commit:
+            names = commit.names(len(shards))
+            with DataFiles(src_s, True) as files:
+                copy = _Copy(files, fds, sync)
+                for k, shard in enumerate(shards):
+                    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+                    fds.append(os.open(commit.staged(names[k]), flags, 0o644))
+                    raw = _header(shard)
+                    os.pwrite(fds[k], raw, 0)
+                    pos = len(raw)
+                    for name, e, nbytes in shard:
+                        copy.add(name, e, k, pos, bar)
+                        pos += nbytes
+                copy.run(bar)
+            if sync:
+                for fd in fds:
+                    _native.fsync_fd(fd)
+            for k, fd in enumerate(fds):
                 os.close(fd)
-                os.unlink(tmps[k])
-        raise
+                fds[k] = -1
+            weight_map = {n: names[k] for k, shard in enumerate(shards) for n, _, _ in shard}
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            commit.commit(names, json.dumps(index, indent=2).encode())
     finally:
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)  # (the staging folder with the file goes as the commit is left)
         if bar is not None:
             bar.close()
     return index
@@ -494,13 +492,3 @@ class _Copy:
         if bar is not None:
             bar.update(self.pending)
         self.pieces, self.runs, self.expect, self.pending = [], [], [], 0
-
-
-def _atomic_write(fname: str, data: bytes, sync: bool) -> None:
-    tmp = f"{fname}.tmp-{secrets.token_hex(4)}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        if sync:
-            _native.fsync_fd(f.fileno())
-    os.replace(tmp, fname)
