@@ -217,10 +217,12 @@ def test_matches_f_cross_entropy(algorithm: str, dtype: torch.dtype, eps: float,
     """Loss and gradient against F.cross_entropy in float64 on the same (rounded) logits, with
     ignored rows, 1003 classes (not a multiple of 8) and the mean reduction.
 
-    Tolerances: the loss (float32, from float32 sums) within 2e-6 relative of float64; the float32
-    gradient within 2e-7 absolute of float64 (its entries are <= 1/N), no worse than torch's own
-    float32 result; the 16-bit gradient within one ulp of float64's value (one rounding of a float32
-    result; _ulp_bound)."""
+    Tolerances: the loss (float32, from float32 sums) within 2e-6 relative of float64; the gradient
+    within one ulp of float64's value in its dtype plus float32 rounding of the row's terms
+    (_ulp_bound). (An absolute 2e-7 held for the mean reduction, whose entries are <= 1/N, but not for
+    reduction="none", whose entries reach 1: there the kernel was 3 float32 ulps off, at 6 % of this
+    bound, and torch's own float32 result, once the yardstick, is closer or not depending on its CPU
+    kernels.)"""
     gen = torch.Generator().manual_seed(7)
     n, c = 29, 1003
     x = (torch.randn(n, c, generator=gen) * 3).to(dtype)
@@ -234,11 +236,7 @@ def test_matches_f_cross_entropy(algorithm: str, dtype: torch.dtype, eps: float,
         assert loss.dtype == torch.float32 and grad.dtype == dtype
         torch.testing.assert_close(loss.double(), loss64, rtol=2e-6, atol=1e-7)
         err = (grad.double() - grad64).abs()
-        if dtype == torch.float32:
-            _, grad32 = _torch(x, target, weight, reduction, eps)
-            assert err.max() <= max(2e-7, 2 * (grad32.double() - grad64).abs().max()), (err.max(), algorithm)
-        else:
-            assert torch.all(err <= _ulp_bound(grad64, dtype)), (err.max(), algorithm)
+        assert torch.all(err <= _ulp_bound(grad64, dtype)), (err.max(), algorithm)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
