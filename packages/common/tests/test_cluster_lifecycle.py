@@ -1,7 +1,10 @@
 """The simulated cluster itself: up/down, names, resolution, cleanup after a killed owner.
 
 These tests manage clusters themselves (``cluster(session=False)``): the plugin
-runs them before any test holds the session's cluster.
+runs them before any test holds the session's cluster. Each holds the
+machine's cluster lock (``cluster.hold``) while it looks at or changes the
+machine's state: another suite on the machine may hold a session meanwhile,
+whose hosts these tests must neither count as leftovers nor remove.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,6 +45,13 @@ def _netns_inode(name: str) -> int:
     return os.stat(f"/run/netns/{name}").st_ino
 
 
+@pytest.fixture
+def machine_lock() -> Iterator[None]:
+    with cluster.hold():
+        yield
+
+
+@pytest.mark.usefixtures("machine_lock")
 def test_session_brings_up_named_resolvable_hosts_and_removes_everything() -> None:
     hosts_before = Path("/etc/hosts").read_text()
     assert cluster.leftovers() == []
@@ -86,6 +96,7 @@ def test_session_brings_up_named_resolvable_hosts_and_removes_everything() -> No
     assert cluster.down() == []  # idempotent
 
 
+@pytest.mark.usefixtures("machine_lock")
 def test_up_removes_leftovers_of_a_killed_run_first() -> None:
     # what a run killed half-way through `up` would leave: a namespace, a stray link, a hosts block
     subprocess.run(["ip", "netns", "add", "dkh5"], check=True)
@@ -121,24 +132,32 @@ def test_reaper_removes_the_cluster_of_a_killed_owner() -> None:
         assert "netns dkh2" in cluster.leftovers()
         os.kill(owner.pid, signal.SIGKILL)  # no finaliser, no atexit: only the reaper can clean up
         owner.wait(timeout=30)
-        deadline = time.monotonic() + 30
-        while cluster.leftovers() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert cluster.leftovers() == []
-        # the reaper released the lock once done: a new session starts at once
-        with cluster.session(1, wait=10) as c:
-            assert c.names == ["dkh1"]
+        # the reaper keeps the lock until it has removed the cluster, then releases it
+        with cluster.hold():
+            assert cluster.leftovers() == []
+            with cluster.session(1) as c:
+                assert c.names == ["dkh1"]
     finally:
         if owner.poll() is None:
             owner.kill()
         owner.communicate()
-        cluster.down()
+        with cluster.hold():
+            cluster.down()
 
 
+@pytest.mark.usefixtures("machine_lock")
 def test_command_line_up_status_exec_down() -> None:
+    env, fds = cluster.lock_env()  # the command line runs under this test's hold on the lock
+
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-I", str(CLI), *args], capture_output=True, text=True, timeout=300, check=False
+            [sys.executable, "-I", str(CLI), *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            env={**os.environ, **env},
+            pass_fds=fds,
         )
 
     try:

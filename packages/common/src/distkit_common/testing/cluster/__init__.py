@@ -74,7 +74,7 @@ from ._hosts import (
 )
 from ._lifecycle import current, down, job_env, leftovers, read_env_file, shape, up
 from ._measure import MEASURE_MAX_SECONDS, MEASURE_SECONDS, measure_tcp
-from ._session import active, session
+from ._session import active, hold, lock_env, session
 from ._shaping import (
     SHAPE_BURST_S,
     SHAPE_MIN_BURST,
@@ -130,6 +130,8 @@ __all__ = [
     "read_env_file",
     "resolve_host",
     "session",
+    "hold",
+    "lock_env",
     "shape",
     "tbf_params",
     "unavailable_reason",

@@ -33,7 +33,60 @@ def active() -> Cluster | None:
     return _active[-1] if _active else None
 
 
+#: the lock files this process holds through hold(), innermost last
+_held: list[int] = []
+
+
+@contextlib.contextmanager
+def hold(wait: float = LOCK_WAIT_S) -> Iterator[None]:
+    """Hold the machine's simulated-cluster lock for the ``with`` block, without a cluster.
+
+    For code that inspects or changes the machine's cluster state directly
+    (:func:`up`, :func:`down`, :func:`leftovers`), as the harness's own tests
+    do: without the lock it would see, or remove, another process's cluster.
+    Sessions in this process inside the block use the held lock; a command
+    line (``up``, ``down``) run inside it gets the lock through
+    :func:`lock_env`.
+
+    Parameters
+    ----------
+    wait : float
+        Seconds to wait for another process's session to end.
+
+    Yields
+    ------
+    None
+
+    Raises
+    ------
+    ClusterError
+        If the lock is not free in time.
+    """
+    fd = _lock(wait)
+    _held.append(fd)
+    try:
+        yield
+    finally:
+        _held.pop()
+        os.close(fd)
+
+
+def lock_env() -> tuple[dict[str, str], tuple[int, ...]]:
+    """The environment entry and the fds to pass to a command line run inside :func:`hold`.
+
+    Returns
+    -------
+    tuple
+        ``({LOCK_FD_ENV: fd}, (fd,))`` while this process holds the lock, else ``({}, ())``.
+    """
+    if not _held:
+        return {}, ()
+    return {LOCK_FD_ENV: str(_held[-1])}, (_held[-1],)
+
+
 def _lock(wait: float) -> int:
+    if _held:  # (flock belongs to the open file: a copy of the held one holds it too)
+        return os.dup(_held[-1])
     STATE_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(STATE_DIR / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     deadline = time.monotonic() + wait
