@@ -343,6 +343,14 @@ def phase_of(events: Sequence[Event], rules: Sequence[PhaseRule]) -> str:
     return rules[current][0]
 
 
+#: a name with an owner suffix (fsio's claim of a folder being removed)
+_OWNED_NAME = re.compile(r"\.own-\d+-")
+
+
+def _base(ev: Event) -> str:
+    return os.path.basename(ev.path)
+
+
 def commit_phases(index: str) -> list[PhaseRule]:
     """The phases of a save through ``distkit_common.fsio`` whose index file is named ``index``.
 
@@ -360,22 +368,21 @@ def commit_phases(index: str) -> list[PhaseRule]:
     list of (str, callable)
         For :func:`phase_of`.
     """
-    owned = re.compile(r"\.own-\d+-")
     from .. import fsio
-
-    def base(ev: Event) -> str:
-        return os.path.basename(ev.path)
 
     def in_tmp(ev: Event) -> bool:
         return fsio.TMP_INFIX in os.path.basename(os.path.dirname(ev.path))
 
     return [
         ("claim", lambda ev: False),
-        ("data", lambda ev: in_tmp(ev) and not base(ev).startswith(fsio.MARKER_PREFIX) and not owned.search(ev.path)),
-        ("index", lambda ev: base(ev) == index and in_tmp(ev)),
-        ("swap", lambda ev: base(ev) == fsio.REPLACER_MARKER or ev.name == NATIVE_EVENT + "exchange_paths"),
+        (
+            "data",
+            lambda ev: in_tmp(ev) and not _base(ev).startswith(fsio.MARKER_PREFIX) and not _OWNED_NAME.search(ev.path),
+        ),
+        ("index", lambda ev: _base(ev) == index and in_tmp(ev)),
+        ("swap", lambda ev: _base(ev) == fsio.REPLACER_MARKER or ev.name == NATIVE_EVENT + "exchange_paths"),
         ("remove previous", lambda ev: ev.name in ("os.remove", "shutil.rmtree") and in_tmp(ev)),
-        ("finish", lambda ev: ev.name == "os.remove" and not in_tmp(ev) and base(ev).startswith(fsio.MARKER_PREFIX)),
+        ("finish", lambda ev: ev.name == "os.remove" and not in_tmp(ev) and _base(ev).startswith(fsio.MARKER_PREFIX)),
     ]
 
 
@@ -401,26 +408,24 @@ def replace_phases(index: str, staging: str) -> list[PhaseRule]:
     list of (str, callable)
         For :func:`phase_of`.
     """
-    owned = re.compile(r"\.own-\d+-")
     from .. import fsio
-
-    def base(ev: Event) -> str:
-        return os.path.basename(ev.path)
 
     def in_stage(ev: Event) -> bool:
         return os.path.basename(os.path.dirname(ev.path)).startswith(staging + fsio.TMP_INFIX)
 
     return [
         ("claim", lambda ev: False),
-        ("data", lambda ev: ev.name == "open" and in_stage(ev) and not base(ev).startswith(fsio.MARKER_PREFIX)),
-        ("place", lambda ev: ev.name == "os.rename" and in_stage(ev) and base(ev) != index),
-        ("index", lambda ev: ev.name == "open" and in_stage(ev) and base(ev) == index),
-        ("commit", lambda ev: ev.name == "os.rename" and in_stage(ev) and base(ev) == index),
+        ("data", lambda ev: ev.name == "open" and in_stage(ev) and not _base(ev).startswith(fsio.MARKER_PREFIX)),
+        ("place", lambda ev: ev.name == "os.rename" and in_stage(ev) and _base(ev) != index),
+        ("index", lambda ev: ev.name == "open" and in_stage(ev) and _base(ev) == index),
+        ("commit", lambda ev: ev.name == "os.rename" and in_stage(ev) and _base(ev) == index),
         ("remove previous", lambda ev: ev.name == "os.remove" and not in_stage(ev)),
         (
             "finish",
             lambda ev: (
-                ev.name == "os.rename" and base(ev).startswith(staging + fsio.TMP_INFIX) and not owned.search(ev.path)
+                ev.name == "os.rename"
+                and _base(ev).startswith(staging + fsio.TMP_INFIX)
+                and not _OWNED_NAME.search(ev.path)
             ),
         ),
     ]
