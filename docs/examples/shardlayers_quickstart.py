@@ -35,4 +35,5 @@ state = ts.collect_state_dict(model, model.state_dict(), rank0_only=True)  # ful
 if dist.get_rank() == 0:
     assert tuple(state["3.weight"].shape) == (1000, 16)
     print(f"loss {loss.item():.4f}", {k: tuple(v.shape) for k, v in state.items()})
+dist.barrier()  # gloo's threads drop the last collective's tensors before exit (docs: cluster.md)
 dist.destroy_process_group()

@@ -259,10 +259,16 @@ def destroy_process_group() -> None:
     process group with the GIL held while gloo's worker threads may need the GIL to free
     their last tensors: the process hangs at exit or aborts ("terminate called without an
     active exception"). Collected here, while the group is alive and idle, it goes quietly.
+
+    The barrier after it matters even without DDP: a gloo worker thread releases a finished
+    collective's tensors after ``wait()`` returned, which needs the GIL; a process that reaches
+    interpreter exit first aborts the same way (docs/cluster.md, "Ending a gloo job"). The
+    barrier waits with the GIL released. Every rank of the default group must call this.
     """
     import torch.distributed as dist
 
     gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
 
 
