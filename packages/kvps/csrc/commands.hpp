@@ -15,6 +15,7 @@ enum Technique : int { T_ALL = 0, T_REPL_ONLY = 1, T_RELOC_ONLY = 2, T_NONE = 3 
 enum CmdType : int32_t {
   C_ROUTE = 100,  // send a pull/push/set (`op`) of keys held elsewhere to their owners
   C_LOCALIZE,     // relocate keys here now
+  C_KEEP,         // localize of keys held here already: they stay here (K_KEEP)
   C_INTENT,       // an intent window [a, b) of a worker
   C_CLOCK,        // a worker advanced its clock to a: activate intents, maybe refresh replicas
   C_SYNC,         // wait_sync: a sync round; done when every internal operation finished

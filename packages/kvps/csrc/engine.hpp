@@ -335,6 +335,8 @@ class Engine {
   void queue_return(int64_t k);
   void relocate(int64_t k, int r, Outbox& ob);
   void give_back(Outbox& ob);
+  void give_back_ended(int64_t k, Outbox& ob);
+  bool one_off_here(int64_t k) const;
   void on_give_back(int src, const MsgView& m, Outbox& ob);
   void grant_replica(int64_t k, int q, Outbox& ob);
   // -- intents (intent.hpp)

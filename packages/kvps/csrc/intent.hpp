@@ -151,7 +151,8 @@ inline void Engine::process_intents(int w, Outbox& ob) {
 
 /// Intents that ended: replicas are dropped (their updates flushed to the
 /// owner), and the home hears of the drops of intents it was told of. A key
-/// this rank owns stays here (relocation sticks).
+/// this rank owns stays here (relocation sticks), unless intent is paused and
+/// it came for a single use (give_back_ended).
 inline void Engine::drop_intents(const std::vector<int64_t>& drop, Outbox& ob) {
   std::map<int, Builder> flushes;  // per hinted owner: the updates of dropped replicas
   std::vector<int64_t> told;
@@ -167,6 +168,7 @@ inline void Engine::drop_intents(const std::vector<int64_t>& drop, Outbox& ob) {
   }
   send_flushes(flushes, ob);
   if (!told.empty()) send_intent(M_INTENT_DROP, told, nullptr, ob);
+  for (int64_t k : drop) give_back_ended(k, ob);
 }
 
 /// This rank's probe gains and costs, to every other rank (ledger.hpp).

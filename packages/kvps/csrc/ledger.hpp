@@ -39,8 +39,9 @@
 // window, or by localize) stay where they are (relocation sticks,
 // intent.hpp): they keep serving their rank locally, and their probe keys keep
 // counting as gains, so a workload whose moved keys pay over their whole stay
-// (a worker's own rows) shows it, and intent resumes. The keys moved for a
-// single use go back to their homes at the pause (Engine::give_back).
+// (a worker's own rows) shows it, and intent resumes. The other keys moved
+// for a single use go back to their homes, at the pause or when their windows
+// end (Engine::give_back, give_back_ended); probe keys stay, as with intent on.
 //
 // So where intent does not pay it costs about the probe's share of its
 // overhead, and the choice follows the workload. The ledger applies to the

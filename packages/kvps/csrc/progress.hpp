@@ -110,6 +110,10 @@ inline void Engine::handle_cmd(Cmd& c) {
     case C_LOCALIZE:
       start_localize(c.keys, c.ts, ob);
       break;
+    case C_KEEP:
+      for (int64_t k : c.keys)
+        if (meta_[k].state == OWNED) meta_[k].marks |= K_KEEP;
+      break;
     case C_INTENT:
       pending_intents_[c.worker].insert({c.a, IntentEntry{c.a, c.b, std::move(c.keys)}});
       // at once if the next intent round would come too late for it (intent.hpp)

@@ -48,6 +48,7 @@ inline void Engine::handover(int64_t k, const char* v, uint32_t ver, Outbox& ob)
       }
     }
   }
+  give_back_ended(k, ob);  // (came too late for its window, while intent is paused)
 }
 
 /// keys: unique; ts: the request to complete once per key.
@@ -59,6 +60,7 @@ inline void Engine::start_localize(const std::vector<int64_t>& keys, int64_t ts,
     const uint8_t st = m.state;
     if (st == OWNED) {
       m.lock.unlock();
+      m.marks |= K_KEEP;  // (arrived since the worker looked: localize keeps it here)
       ++already;
       continue;
     }
@@ -160,27 +162,54 @@ inline void Engine::relocate(int64_t k, int r, Outbox& ob) {
 /// the hundred clocks after the pause, which cost the paused server 11-28 %
 /// more CPU per step than the classic one. Given back in a few large messages,
 /// they are where the classic server keeps them; that halved the forwards
-/// (kvps performance docs). The rest are keys still intended at the pause and
-/// ranks whose routing hint names the rank a key was given back from.
+/// (kvps performance docs). Keys still intended here at the pause go back
+/// when their window ends, or when they arrive if that is later
+/// (give_back_ended).
 inline void Engine::give_back(Outbox& ob) {
   if (tech_ != T_ALL) return;
-  std::vector<Builder*> per(size_, nullptr);
-  for (int64_t k = 0; k < num_keys_; ++k) {
-    const Meta& m = meta_[k];  // (state: written by this thread only)
-    if (m.state != OWNED || m.want != 0 || (m.marks & K_KEEP) || dir_.is_home(k)) continue;
-    const int h = dir_.home(k);
-    if (!per[h]) per[h] = &ob.to(h, M_GIVE_BACK, rank_, 0);
-    per[h]->put(k, 0, nullptr, 0);
-  }
+  Builder keys;
+  for (int64_t k = 0; k < num_keys_; ++k)
+    if (meta_[k].want == 0 && one_off_here(k)) keys.put(k, 0, nullptr, 0);
+  if (keys.keys.empty()) return;
+  // To every rank, not only the homes: a rank whose routing hint names this
+  // one for a key would have its next request for it forwarded (one message
+  // there and one back for a key or two: the paused server's extra messages).
+  for (int d = 0; d < size_; ++d)
+    if (d != rank_) ob.to(d, M_GIVE_BACK, rank_, 0) = keys;
 }
 
-/// Home: rank src gives back keys intent moved there. Each still there, that
-/// no rank intends now and that did not get there by localize, moves home.
+/// While intent is paused, key k, whose last window here has ended (or which
+/// arrived after it), goes back to its home if intent moved it here for a
+/// single use, as give_back() sends those whose windows had ended at the pause.
+inline void Engine::give_back_ended(int64_t k, Outbox& ob) {
+  if (tech_ == T_ALL && !ledger_.all_keys() && meta_[k].want == 0 && one_off_here(k))
+    ob.to(dir_.home(k), M_GIVE_BACK, rank_, 0).put(k, 0, nullptr, 0);
+}
+
+/// Whether this rank holds key k away from its home for a single use of intent
+/// (not used here again, moved for a longer window or by localize: K_KEEP).
+/// The ledger's probe keys stay as they would with intent on (relocation
+/// sticks): what their later uses here gain is how the ledger sees that intent
+/// pays again. The other keys are accessed the classic way while intent is
+/// paused, so they belong where the classic server keeps them.
+inline bool Engine::one_off_here(int64_t k) const {
+  const Meta& m = meta_[k];  // (state: written by this thread only)
+  return m.state == OWNED && !(m.marks & K_KEEP) && !dir_.is_home(k) && !ledger_.counts(k);
+}
+
+/// Rank src gives back keys intent moved there. At their home, each still
+/// there, that no rank intends now and that did not get there by localize,
+/// moves home; elsewhere a routing hint that names src names the home now.
 inline void Engine::on_give_back(int src, const MsgView& m, Outbox& ob) {
   if (tech_ != T_ALL || shutting_down_) return;
   for (int64_t i = 0; i < m.h.n; ++i) {
     const int64_t k = m.keys[i];
-    if (k < 0 || k >= num_keys_ || !dir_.is_home(k)) continue;
+    if (k < 0 || k >= num_keys_) continue;
+    if (!dir_.is_home(k)) {
+      Meta& mk = meta_[k];  // (state and hint: written by this thread only)
+      if (mk.state == NOT_HERE && mk.hint == src) mk.set_hint(dir_.home(k));
+      continue;
+    }
     if (meta_[k].owner != src || (meta_[k].marks & K_LOCALIZED) || dir_.intender_count(k) != 0) continue;
     relocate(k, rank_, ob);
     n_given_back_.fetch_add(1, std::memory_order_relaxed);

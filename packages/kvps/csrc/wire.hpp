@@ -49,7 +49,7 @@ enum MsgType : int32_t {
   M_RCHECK_RESP,   // the owner's version equals the replica's: nothing changed
   M_BYE,           // the sender leaves without shutdown()
   M_LEDGER,        // the sender's intent ledger: keys[0] = gains, pos[0] = costs (ledger.hpp)
-  M_GIVE_BACK,     // to the home: take back these keys intent moved here (intent paused: Engine::give_back)
+  M_GIVE_BACK,     // keys intent moved to the sender go back to their homes (intent paused: Engine::give_back)
 };
 
 /// What a message carries per key after the keys and positions.

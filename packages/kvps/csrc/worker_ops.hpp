@@ -166,10 +166,12 @@ inline int64_t Engine::localize(int worker, const int64_t* keys, int64_t n) {
   std::vector<int64_t> u(keys, keys + n);
   std::sort(u.begin(), u.end());
   u.erase(std::unique(u.begin(), u.end()), u.end());
-  Cmd c;
+  Cmd c, keep;
   c.type = C_LOCALIZE;
-  for (int64_t k : u)
-    if (key_state(k) != OWNED) c.keys.push_back(k);
+  keep.type = C_KEEP;
+  for (int64_t k : u) (key_state(k) != OWNED ? c.keys : keep.keys).push_back(k);
+  // keys an intent moved here: localize keeps them here too (not given back when intent pauses)
+  if (!keep.keys.empty() && tech_ == T_ALL) post(std::move(keep));
   if (c.keys.empty()) return -1;
   const int64_t todo = static_cast<int64_t>(c.keys.size());
   return submit(std::move(c), todo, worker);
