@@ -220,9 +220,10 @@ def regroup_checkpoint(rank: int, size: int, store: str) -> None:
     again; the checkpoint loaded there gives the single-process logits.
 
     The regrouped groups' state may land at the address of the destroyed one (CPython reuses
-    freed memory; it did in about 1 of 6 runs of the cluster test): every ``id()`` in
-    shardlayers' ``_sharded`` module is 0 here, which forces that case, so a mesh cached by the
-    state's id would hand the first layout's coordinates to the second and load swapped shards.
+    freed memory: some process got its old state's address in 7 of 30 local runs of
+    cluster_job.py): every ``id()`` in shardlayers' ``_sharded`` module is 0 here, which forces
+    that case, so a mesh cached by the state's id would hand the first layout's coordinates to
+    the second and load swapped shards.
     """
     from distx_fake import checkpoint
 
