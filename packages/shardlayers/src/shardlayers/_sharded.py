@@ -19,28 +19,26 @@ from ._tag import shard_extent, storage_axis
 
 __all__ = ["load_sharded_state_dict", "sharded_state_dict"]
 
-_MESH: dict[int, Any] = {}
-
 
 def device_mesh() -> Any:
-    """The 2-D ``DeviceMesh`` ``("dp", "tp")`` of shardlayers' groups (made once, from the
-    existing process groups: no new communicator)."""
+    """The 2-D ``DeviceMesh`` ``("dp", "tp")`` of shardlayers' groups (made once per
+    :func:`~shardlayers.distributed.init_process_group`, from the existing process groups: no
+    new communicator)."""
+    # kept on the groups' state, never in a cache keyed by id() of it: a regrouping's new state
+    # may be allocated at the destroyed one's address, and would then get the previous layout's
+    # mesh, whose coordinate for this rank (fixed when the mesh is made) places shards wrongly
     from torch.distributed.device_mesh import DeviceMesh
 
     from .distributed._state import state
 
     s = state()
-    key = id(s)
-    mesh = _MESH.get(key)
-    if mesh is None:
+    if s.mesh is None:
         world = dist.get_world_size()
         dp = world // s.group_size
         device = "cuda" if dist.get_backend() == "nccl" else "cpu"
         layout = torch.arange(world).view(dp, s.group_size)
-        mesh = DeviceMesh.from_group([s.dp_group, s.tp_group], device, mesh=layout, mesh_dim_names=("dp", "tp"))
-        _MESH.clear()
-        _MESH[key] = mesh
-    return mesh
+        s.mesh = DeviceMesh.from_group([s.dp_group, s.tp_group], device, mesh=layout, mesh_dim_names=("dp", "tp"))
+    return s.mesh
 
 
 def _owners(model: nn.Module) -> dict[str, torch.Tensor]:

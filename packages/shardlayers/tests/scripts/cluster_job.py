@@ -74,10 +74,10 @@ def _hosts(group: Any) -> list[str]:
     return list(allgather_json(socket.gethostname(), comm=group))
 
 
-def _train(model: Block, ref: Block, data: Any, steps: int, what: str) -> None:
+def _train(model: Block, ref: Block, data: Any, steps: int, what: str) -> dict[str, torch.Tensor]:
     """``steps`` steps of DDP over the data-parallel group beside the single-process reference;
     the data-parallel mean loss equals the reference loss at every step, and the collected
-    weights equal the reference weights at the end."""
+    weights equal the reference weights at the end. Returns the collected weights."""
     dp, dp_rank = ts.distributed.get_data_parallel_size(), ts.distributed.get_data_parallel_rank()
     rows = BATCH // dp
     ddp = DDP(model, process_group=ts.distributed.get_data_parallel_group())
@@ -100,6 +100,7 @@ def _train(model: Block, ref: Block, data: Any, steps: int, what: str) -> None:
     full = ts.collect_state_dict(model, model.state_dict())
     for k, v in ref.state_dict().items():
         close(full[k], v, 1e-5, 1e-5, f"{what}: trained {k}")
+    return full
 
 
 def layouts(folder: str) -> None:
@@ -123,7 +124,7 @@ def layouts(folder: str) -> None:
     ref = Block(tp=False)
     torch.manual_seed(0)
     model = Block(tp=True)
-    _train(model, ref, data, 6, "TP inside hosts x DP across hosts")
+    trained = _train(model, ref, data, 6, "TP inside hosts x DP across hosts")
     path = os.path.join(folder, "inside")
     checkpoint.save_state_dict(ts.sharded_state_dict(model), checkpoint.FileSystemWriter(path))
     print(f"rank {dist.get_rank()} on {socket.gethostname()}: TP {tp_hosts} x DP {dp_hosts} ok", flush=True)
@@ -151,6 +152,13 @@ def layouts(folder: str) -> None:
     target = ts.sharded_state_dict(model)
     checkpoint.load_state_dict(target, checkpoint.FileSystemReader(path))
     ts.load_sharded_state_dict(model, target)
+    # bit-identical to what was saved, parameter by parameter (names the one loaded wrongly and
+    # the index range of the differing elements along each dimension)
+    loaded = ts.collect_state_dict(model, model.state_dict())
+    for k, v in trained.items():
+        differ = (loaded[k] != v).nonzero()
+        where = [(int(d.min()), int(d.max()) + 1) for d in differ.unbind(1)] if len(differ) else []
+        close(loaded[k], v, 0, 0, f"rank {rank}: {k} loaded across hosts vs saved inside hosts (differ in {where})")
     probe = torch.randint(0, VOCAB, (3, SEQ), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         close(full_logits(model, probe), ref(probe), 1e-5, 1e-5, "checkpoint of TP inside hosts, loaded across")

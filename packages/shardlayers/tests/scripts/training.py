@@ -2,11 +2,14 @@
 transformer block in TP=2 x DP=2 trained 20 steps with DDP over the data-parallel group matches
 single-process training; its state dict reloads at TP=4 and TP=1; DDP over the world with
 register_ddp_parameters_to_ignore, with the list convert_parallel_linear registers at TP = world,
-and refused where it would average the shards of one tensor-parallel group."""
+and refused where it would average the shards of one tensor-parallel group; a sharded checkpoint
+loaded after the world is re-initialised with permuted ranks."""
 
 from __future__ import annotations
 
 import io
+import os
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import shardlayers as ts
+import shardlayers._sharded
 from distkit_common.testing import destroy_process_group, init_process_group
 
 try:
@@ -209,6 +213,46 @@ def ddp_world_automatic(rank: int, size: int) -> None:
     assert _ddp_forward_error(tp2, x, process_group=ts.distributed.get_data_parallel_group()) == "no error"
 
 
+def regroup_checkpoint(rank: int, size: int, store: str) -> None:
+    """A sharded checkpoint of TP=2 over ranks (0, 1), (2, 3), written with distx_fake; the world
+    then re-initialised with permuted ranks (``2 * (rank % 2) + rank // 2``, as the second
+    rendezvous of cluster_job.py: processes 1 and 2 swap their place in the mesh) and TP=2
+    again; the checkpoint loaded there gives the single-process logits.
+
+    The regrouped groups' state may land at the address of the destroyed one (CPython reuses
+    freed memory: some process got its old state's address in 7 of 30 local runs of
+    cluster_job.py): every ``id()`` in shardlayers' ``_sharded`` module is 0 here, which forces
+    that case, so a mesh cached by the state's id would hand the first layout's coordinates to
+    the second and load swapped shards.
+    """
+    from distx_fake import checkpoint
+
+    folder = os.path.join(os.path.dirname(store), "regroup-checkpoint")
+    probe = torch.randint(0, VOCAB, (3, SEQ), generator=torch.Generator().manual_seed(2))
+    with mock.patch.object(shardlayers._sharded, "id", create=True, return_value=0):
+        ts.distributed.init_process_group(2)
+        torch.manual_seed(0)
+        ref = Block(tp=False)
+        torch.manual_seed(0)
+        model = Block(tp=True)
+        checkpoint.save_state_dict(ts.sharded_state_dict(model), checkpoint.FileSystemWriter(folder, sync=False))
+        ts.distributed.destroy_process_group()
+        destroy_process_group()
+        moved = 2 * (rank % 2) + rank // 2
+        init_process_group(moved, size, store + ".regrouped")
+        ts.distributed.init_process_group(2)
+        mesh = shardlayers._sharded.device_mesh()
+        coord = list(mesh.get_coordinate() or [])
+        assert coord == [moved // 2, moved % 2], f"process {rank} as rank {moved}: mesh coordinate {coord}"
+        torch.manual_seed(123)
+        model = Block(tp=True)
+        target = ts.sharded_state_dict(model)
+        checkpoint.load_state_dict(target, checkpoint.FileSystemReader(folder))
+        ts.load_sharded_state_dict(model, target)
+    with torch.no_grad():
+        close(full_logits(model, probe), ref(probe), 1e-5, 1e-5, f"checkpoint loaded on process {rank} as rank {moved}")
+
+
 def run(rank: int, size: int) -> None:
     """The transformer block in TP=2 x DP=2 (trained, reloaded at TP=4 and TP=1), DDP over the world."""
     assert size == 4
@@ -222,10 +266,11 @@ def run(rank: int, size: int) -> None:
 
 def body(rank: int, size: int, store: str) -> None:
     """The spawned suite of test_parallel.py: one set of 4 processes runs the layer checks at TP
-    sizes 1, 2 and 4, then the TP=2 x DP=2 training (process start-up, mostly importing torch,
-    costs more CPU than the checks themselves)."""
+    sizes 1, 2 and 4, then the TP=2 x DP=2 training, then a checkpoint across a regrouping
+    (process start-up, mostly importing torch, costs more CPU than the checks themselves)."""
     init_process_group(rank, size, store)
     torch.set_num_threads(1)
     layers.run(size)
     run(rank, size)
-    destroy_process_group()  # frees run()'s DDP modules first
+    regroup_checkpoint(rank, size, store)  # re-initialises the world (freeing run()'s DDP modules)
+    destroy_process_group()

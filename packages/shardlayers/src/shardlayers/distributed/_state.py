@@ -16,6 +16,9 @@ class _Groups:
     tp_ranks: list[int] = field(default_factory=list)
     dp_ranks: list[int] = field(default_factory=list)
     cpu_tp_group: Any = None
+    #: the 2-D ``DeviceMesh`` of these groups, made on first use by ``_sharded.device_mesh``: it
+    #: lives and dies with them (it fixes this rank's coordinate when it is made)
+    mesh: Any = None
 
 
 _STATE: _Groups | None = None
