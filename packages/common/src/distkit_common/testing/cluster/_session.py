@@ -52,7 +52,7 @@ def hold(wait: float = LOCK_WAIT_S) -> Iterator[None]:
     Parameters
     ----------
     wait : float
-        Seconds to wait for another process's session to end.
+        Seconds (finite, ``>= 0``; 0: try once) to wait for another process's session to end.
 
     Yields
     ------
@@ -163,7 +163,7 @@ def session(n: int, rate: str | None = None, *, wait: float = LOCK_WAIT_S) -> It
         :func:`parse_rate`). None: unshaped, or in a nested session the
         outer session's shaping.
     wait : float
-        Seconds to wait for another process's session to end.
+        Seconds (finite, ``>= 0``; 0: try once) to wait for another process's session to end.
 
     Yields
     ------
