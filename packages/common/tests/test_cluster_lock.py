@@ -35,12 +35,12 @@ def lock_untouchable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def held_elsewhere(private_lock: Path) -> Iterator[int]:
+def held_elsewhere(private_lock: Path) -> Iterator[None]:
     """The private lock held through another open file: to flock, another process."""
     fd = os.open(private_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
-        yield fd
+        yield
     finally:
         os.close(fd)
 
@@ -130,9 +130,8 @@ def test_hold_takes_the_lock_and_lock_env_hands_it_on(private_lock: Path) -> Non
     assert _open_fds() == before
 
 
-def test_a_held_lock_is_refused_in_time_not_waited_on_forever(
-    held_elsewhere: int, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.mark.usefixtures("held_elsewhere")
+def test_a_held_lock_is_refused_in_time_not_waited_on_forever(capsys: pytest.CaptureFixture[str]) -> None:
     before = _open_fds()
     for wait in (0, 0.2):
         with pytest.raises(cluster.ClusterError, match="in use by another process"), cluster.hold(wait):
