@@ -20,6 +20,8 @@ _._distkit_cluster_for_marked_tests  # an autouse fixture
 _.conversion_mode  # a fixture, requested by name
 _.one_rank_group  # a fixture, requested through pytest.mark.usefixtures (hypothesis tests take no fixture arguments)
 _.machine_lock  # a fixture, requested through pytest.mark.usefixtures
+_.lock_untouchable  # a fixture, requested through pytest.mark.usefixtures
+_.held_elsewhere  # a fixture, requested through pytest.mark.usefixtures
 
 # --- torch: methods nn.Module / torch.compile / autograd call by name
 _.extra_repr

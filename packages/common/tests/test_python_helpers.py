@@ -155,11 +155,11 @@ def test_failure_report_keeps_the_first_traceback_of_a_long_output() -> None:
 def test_run_mpi_kills_a_hung_job_and_reaps_it() -> None:
     # the kill must come once both ranks have started and hang (rank 0 sleeps, rank 1 waits in
     # a barrier); a timeout too short for a loaded machine to start them is tried again, longer
+    # (the hung rank sleeps an hour, longer than pytest's timeout: it is gone below only if
+    # run_mpi killed it, and a run_mpi that did not return is caught by that timeout)
     for timeout in (5, 20, 80, 320):
-        t0 = time.monotonic()
         with pytest.raises(AssertionError, match=f"timed out after {timeout}s") as err:
             testing.run_mpi(SCRIPTS / "ranks.py", 2, args=["--hang-rank", "0"], timeout=timeout)
-        assert time.monotonic() - t0 < timeout + 55  # killed and reaped promptly
         if all(f"rank {r} of 2 sum 1" in str(err.value) for r in range(2)):
             break
     else:

@@ -296,8 +296,9 @@ def test_intent_rounds_with_a_long_lookahead() -> None:
 
 
 @pytest.mark.mpi
-def test_peer_exit_without_shutdown_fails_fast() -> None:
-    """A rank leaving without shutdown(): the peer's pending barrier and later pulls raise, no hang."""
+def test_peer_exit_without_shutdown_fails_the_survivor() -> None:
+    """A rank leaving without shutdown(): the peer's pending barrier and later pulls raise, no hang
+    (the timeout only guards against the hang)."""
     res = run_mpi(str(SCRIPTS / "early_exit.py"), 2, timeout=300)
     assert "early exit ok" in res.stdout, res.stdout
 

@@ -20,5 +20,5 @@ print(f"backing {backing} files {sorted(os.listdir(backing)) if backing else []}
 if comm.rank == args.fail_rank:
     sys.exit(2)
 if comm.rank == args.hang_rank:
-    time.sleep(600)
+    time.sleep(3600)  # only a kill ends it within a test
 comm.Barrier()

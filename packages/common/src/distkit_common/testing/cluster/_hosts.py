@@ -111,6 +111,15 @@ def host(index: int) -> Host:
     return Host(index, f"{HOST_PREFIX}{index}", str(SUBNET.network_address + index), f"{LINK_PREFIX}{index}")
 
 
+def _check_count(n: object) -> int:
+    """``n`` as a number of hosts, checked (up() and session() refuse it before touching anything)."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n must be an int, got {type(n).__name__}")
+    if not 1 <= n <= MAX_HOSTS:
+        raise ValueError(f"n = {n} is out of range [1, {MAX_HOSTS}]")
+    return n
+
+
 def resolve_host(h: Host | str | int) -> Host:
     """Return a :class:`Host` from itself, its name (``"dkh2"``) or its 1-based index.
 

@@ -19,13 +19,13 @@ from ._hosts import (
     HOSTS_BEGIN,
     HOSTS_END,
     IFNAME,
-    MAX_HOSTS,
     NETNS_ETC,
     SUBNET,
     TCP_RETRIES2,
     Cluster,
     ClusterError,
     Host,
+    _check_count,
     _ip,
     _kill,
     _links,
@@ -219,10 +219,7 @@ def up(n: int, rate: str | None = None) -> Cluster:
     TypeError, ValueError
         If ``n`` is outside ``[1, MAX_HOSTS]`` or ``rate`` is not a valid rate.
     """
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"n must be an int, got {type(n).__name__}")
-    if not 1 <= n <= MAX_HOSTS:
-        raise ValueError(f"n = {n} is out of range [1, {MAX_HOSTS}]")
+    _check_count(n)
     bits = None if rate is None else parse_rate(rate)
     reason = unavailable_reason()
     if reason:

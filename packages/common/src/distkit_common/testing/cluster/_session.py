@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import math
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ import time
 from collections.abc import Iterator
 
 from ...rates import parse_rate
-from ._hosts import CLI, LOCK_FD_ENV, LOCK_WAIT_S, STATE_DIR, Cluster, ClusterError
+from ._hosts import CLI, LOCK_FD_ENV, LOCK_WAIT_S, STATE_DIR, Cluster, ClusterError, _check_count
 from ._lifecycle import down, up
 from ._shaping import _apply_rate
 
@@ -51,7 +52,7 @@ def hold(wait: float = LOCK_WAIT_S) -> Iterator[None]:
     Parameters
     ----------
     wait : float
-        Seconds to wait for another process's session to end.
+        Seconds (finite, ``>= 0``; 0: try once) to wait for another process's session to end.
 
     Yields
     ------
@@ -61,7 +62,10 @@ def hold(wait: float = LOCK_WAIT_S) -> Iterator[None]:
     ------
     ClusterError
         If the lock is not free in time.
+    TypeError, ValueError
+        If ``wait`` is not a finite number of seconds ``>= 0`` (checked before the lock is touched).
     """
+    _check_wait(wait)
     fd = _lock(wait)
     _held.append(fd)
     try:
@@ -82,6 +86,15 @@ def lock_env() -> tuple[dict[str, str], tuple[int, ...]]:
     if not _held:
         return {}, ()
     return {LOCK_FD_ENV: str(_held[-1])}, (_held[-1],)
+
+
+def _check_wait(wait: object) -> None:
+    """Refuse a ``wait`` under which _lock would misbehave: a NaN deadline is never reached (a hang
+    while another process holds the lock), and a str fails only after the lock file is open."""
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)):
+        raise TypeError(f"wait must be a number of seconds, got {type(wait).__name__}")
+    if not 0 <= wait < math.inf:
+        raise ValueError(f"wait = {wait} is out of range [0, inf): seconds to wait for the lock")
 
 
 def _lock(wait: float) -> int:
@@ -150,7 +163,7 @@ def session(n: int, rate: str | None = None, *, wait: float = LOCK_WAIT_S) -> It
         :func:`parse_rate`). None: unshaped, or in a nested session the
         outer session's shaping.
     wait : float
-        Seconds to wait for another process's session to end.
+        Seconds (finite, ``>= 0``; 0: try once) to wait for another process's session to end.
 
     Yields
     ------
@@ -162,8 +175,11 @@ def session(n: int, rate: str | None = None, *, wait: float = LOCK_WAIT_S) -> It
     ClusterError
         If the cluster cannot be brought up or shaped, or the lock is not free in time.
     TypeError, ValueError
-        If ``rate`` is not a valid rate (or ``n`` not a valid size).
+        If ``n`` is outside ``[1, MAX_HOSTS]``, ``rate`` is not a valid rate or
+        ``wait`` not a finite number ``>= 0`` (all checked before the lock is touched).
     """
+    _check_count(n)
+    _check_wait(wait)
     bits = None if rate is None else parse_rate(rate)
     outer = active()
     if outer is not None:
