@@ -262,12 +262,14 @@ def destroy_process_group() -> None:
 
     The barrier after it matters even without DDP: a gloo worker thread releases a finished
     collective's tensors after ``wait()`` returned, which needs the GIL; a process that reaches
-    interpreter exit first aborts the same way (docs/cluster.md, "Ending a gloo job"). The
-    barrier waits with the GIL released. Every rank of the default group must call this.
+    interpreter exit first aborts the same way (docs/cluster.md, "Ending a gloo job"). A
+    barrier waits with the GIL released; the second lets the threads drop the first one's
+    references to the collectives before it. Every rank of the default group must call this.
     """
     import torch.distributed as dist
 
     gc.collect()
+    dist.barrier()
     dist.barrier()
     dist.destroy_process_group()
 
