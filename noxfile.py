@@ -714,7 +714,7 @@ def gpu(session: nox.Session) -> None:
     session.run(
         "python",
         "-c",
-        "import distkit_common._distkit_common as n; assert n.cuda_compiled(), 'distkit-common was built without CUDA'",
+        "from distkit_common import rows; assert rows.cuda_compiled(), 'distkit-common was built without CUDA'",
     )
     session.posargs[:] = ["-m", "gpu", *session.posargs]
     run_pytest(session, list(PACKAGES))

@@ -46,9 +46,8 @@ numpydoc_xref_param_type = False
 
 # numpydoc's docstring checks (https://numpydoc.readthedocs.io/en/latest/validation.html) that every
 # public docstring rendered here passes today; a new docstring that breaks one fails the build (-W).
-# Not yet enforced, with the count of public objects rendered here that fail each (numpydoc 1.11,
-# 2026-12-02): ES01 extended summary, EX01 Examples and SA01 See Also (most objects), SS02 summary
-# capital and SS03 final period (dataclass fields, whose lower-case `#:` phrases autodoc shows).
+# Not yet enforced (numpydoc 1.11, 2026-12-02): ES01 extended summary, EX01 Examples and SA01 See
+# Also, which most objects lack.
 # Not validated: names whose docstring numpydoc reads is not a function's or class's docstring.
 # Constants (UPPER_CASE): autodoc shows their `#:` comment, a phrase, not a numpydoc docstring
 # (numpydoc reports GL02/SS02/SS03/SS06 on it); names a module imports from the standard library
@@ -73,6 +72,8 @@ numpydoc_validation_checks = {
     "GL09",  # deprecation warning placement
     "GL10",  # reST admonitions
     "SS01",  # a summary line exists
+    "SS02",  # the summary starts with a capital letter (or a number)
+    "SS03",  # and ends with a period
     "SS04",  # no leading whitespace in the summary
     "PR05",  # a parameter type does not end with a period
     "PR10",  # "name : type", with the spaces

@@ -8,8 +8,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from distkit_common import _distkit_common as native
-from distkit_common import launch_info
+from distkit_common import launch_info, rows
 from distkit_common.collective import CollectiveError, all_ranks
 from distkit_common.dtypes import code_of
 from distkit_common.validate import as_index_tensor
@@ -45,7 +44,5 @@ else:
 table = torch.arange(12.0).reshape(6, 2)
 idx = torch.tensor([5, 0, 5])
 out = torch.empty(3, 2)
-native.row_op(
-    "gather", [table.data_ptr()], 6, 6, 2, 2, 1, code_of(table.dtype), idx.data_ptr(), True, 3, out.data_ptr()
-)
+rows.row_op("gather", [table.data_ptr()], 6, 6, 2, 2, 1, table.dtype, idx.data_ptr(), True, 3, out.data_ptr())
 assert torch.equal(out, table[idx])

@@ -12,6 +12,7 @@ point) and these Python helpers:
 - :mod:`distkit_common.node` - which ranks share a node (one decision for every package).
 - :mod:`distkit_common.heartbeat` - name a lost peer of a torch.distributed job within seconds.
 - :mod:`distkit_common.rates` - link rates in tc's syntax (``"1gbit"``) <-> bits per second.
+- :mod:`distkit_common.rows` - the native row gather / scatter / scatter-add (CPU and CUDA) on raw addresses.
 
 The test harness (run a body on N processes or across simulated hosts, the
 simulated cluster, the pytest plugin) is the subpackage :mod:`distkit_common.testing`;

@@ -9,11 +9,14 @@ from ._deferred import (
     materialize_tensor,
 )
 from ._graph import CapturedTensorModifiedError
+from ._shard import ShardMaterializeError, materialize_shard
 
 __all__ = [
     "CapturedTensorModifiedError",
+    "ShardMaterializeError",
     "deferred_init",
     "is_deferred",
     "materialize_module",
+    "materialize_shard",
     "materialize_tensor",
 ]

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from distkit_common import _distkit_common as _common
+from distkit_common import rows as _rows
 from distkit_common.dtypes import CODES, code_of
 
 from . import _binding, _checks, _gpu, _hostmap, _registry
@@ -81,7 +81,7 @@ def _device_rows(op: str, t: torch.Tensor, didx: torch.Tensor, data: torch.Tenso
     if op != "gather" and (rs < 1 and nrows > 1):
         return False
     if didx.numel() and ncols:
-        _common.row_op(
+        _rows.row_op(
             op, [int(t.data_ptr())], max(nrows, 1), nrows, ncols, rs, cs, code_of(t.dtype),
             int(didx.data_ptr()), didx.dtype == torch.int64, int(didx.numel()), int(data.data_ptr()),
             on_device=True, stream=torch.cuda.current_stream(t.device).cuda_stream, validate=False,
@@ -90,7 +90,7 @@ def _device_rows(op: str, t: torch.Tensor, didx: torch.Tensor, data: torch.Tenso
 
 
 #: whether distkit-common's row kernels were compiled (they also need a visible GPU, as `t` is on one)
-_CUDA_ROWS = bool(_common.cuda_compiled())
+_CUDA_ROWS = _rows.cuda_compiled()
 
 
 def gather(t: torch.Tensor, indices: Any, out: torch.Tensor | None) -> torch.Tensor:

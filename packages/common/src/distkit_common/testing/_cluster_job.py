@@ -91,9 +91,9 @@ class RankExit:
     """
 
     rank: int
-    host: str | None  #: hostname the rank ran on (None: it never started)
+    host: str | None  #: Hostname the rank ran on (None: it never started).
     pid: int | None
-    code: int | None  #: its exit code (None: killed, or never started or finished)
+    code: int | None  #: Its exit code (None: killed, or never started or finished).
 
 
 @dataclass

@@ -51,12 +51,12 @@ class ClusterResult(RunResult):
     """
 
     ranks: list[RankExit] = field(default_factory=list)
-    #: hostname -> ranks that ran there (from the ranks themselves)
+    #: Hostname -> ranks that ran there (from the ranks themselves).
     hosts: dict[str, list[int]] = field(default_factory=dict)
     launcher_codes: list[int | None] = field(default_factory=list)
-    #: seconds from the launch to the injected fault (None: no fault)
+    #: Seconds from the launch to the injected fault (None: no fault).
     fault_at: float | None = None
-    #: seconds from the fault until no process of the job was left on any of its hosts
+    #: Seconds from the fault until no process of the job was left on any of its hosts.
     ended_after_fault: float | None = None
     notes: list[str] = field(default_factory=list)
 

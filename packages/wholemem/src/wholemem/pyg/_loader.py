@@ -42,9 +42,9 @@ class SampledSubgraph:
         Edges per hop.
     """
 
-    n_id: torch.Tensor  #: int64 global ids, local index = position
-    edge_index: torch.Tensor  #: [2, E] int64 local ids: row 0 the neighbour, row 1 the center
-    e_id: torch.Tensor  #: int64 edge ids (positions in csr_col_ind)
+    n_id: torch.Tensor  #: Global ids (int64); a node's local index is its position.
+    edge_index: torch.Tensor  #: Local ids ([2, E], int64): row 0 the neighbour, row 1 the center.
+    e_id: torch.Tensor  #: Edge ids (int64): positions in csr_col_ind.
     num_sampled_nodes: list[int]
     num_sampled_edges: list[int]
 

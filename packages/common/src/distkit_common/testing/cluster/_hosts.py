@@ -78,10 +78,10 @@ class Host:
         Root-namespace end of its veth (``ip link set <link> down`` cuts it off).
     """
 
-    index: int  #: 1-based
-    name: str  #: namespace name = hostname = name in every hosts file
-    address: str  #: its IPv4 address on the cluster network
-    link: str  #: root-namespace end of its veth (``ip link set <link> down`` cuts it off)
+    index: int  #: 1-based.
+    name: str  #: Namespace name = hostname = name in every hosts file.
+    address: str  #: Its IPv4 address on the cluster network.
+    link: str  #: Root-namespace end of its veth (``ip link set <link> down`` cuts it off).
 
 
 def host(index: int) -> Host:
@@ -161,7 +161,7 @@ class Cluster:
     """
 
     hosts: tuple[Host, ...]
-    #: the shaped rate of every host's link in bits/s (both directions), None: unshaped
+    #: The shaped rate of every host's link in bits/s (both directions), None: unshaped.
     rate: int | None = None
 
     @property
