@@ -169,7 +169,7 @@ inline void Engine::give_back(Outbox& ob) {
   if (tech_ != T_ALL) return;
   Builder keys;
   for (int64_t k = 0; k < num_keys_; ++k)
-    if (meta_[k].want == 0 && one_off_here(k)) keys.put(k, 0, nullptr, 0);
+    if (one_off_here(k)) keys.put(k, 0, nullptr, 0);
   if (keys.keys.empty()) return;
   // To every rank, not only the homes: a rank whose routing hint names this
   // one for a key would have its next request for it forwarded (one message
@@ -182,19 +182,20 @@ inline void Engine::give_back(Outbox& ob) {
 /// arrived after it), goes back to its home if intent moved it here for a
 /// single use, as give_back() sends those whose windows had ended at the pause.
 inline void Engine::give_back_ended(int64_t k, Outbox& ob) {
-  if (tech_ == T_ALL && !ledger_.all_keys() && meta_[k].want == 0 && one_off_here(k))
+  if (tech_ == T_ALL && !ledger_.all_keys() && one_off_here(k))
     ob.to(dir_.home(k), M_GIVE_BACK, rank_, 0).put(k, 0, nullptr, 0);
 }
 
 /// Whether this rank holds key k away from its home for a single use of intent
-/// (not used here again, moved for a longer window or by localize: K_KEEP).
+/// that has ended (no window here now; not used here again, moved for a
+/// longer window or by localize: K_KEEP).
 /// The ledger's probe keys stay as they would with intent on (relocation
 /// sticks): what their later uses here gain is how the ledger sees that intent
 /// pays again. The other keys are accessed the classic way while intent is
 /// paused, so they belong where the classic server keeps them.
 inline bool Engine::one_off_here(int64_t k) const {
   const Meta& m = meta_[k];  // (state: written by this thread only)
-  return m.state == OWNED && !(m.marks & K_KEEP) && !dir_.is_home(k) && !ledger_.counts(k);
+  return m.state == OWNED && m.want == 0 && !(m.marks & K_KEEP) && !dir_.is_home(k) && !ledger_.counts(k);
 }
 
 /// Rank src gives back keys intent moved there. At their home, each still
@@ -205,12 +206,12 @@ inline void Engine::on_give_back(int src, const MsgView& m, Outbox& ob) {
   for (int64_t i = 0; i < m.h.n; ++i) {
     const int64_t k = m.keys[i];
     if (k < 0 || k >= num_keys_) continue;
+    Meta& mk = meta_[k];  // (state, hint, owner, marks: written by this thread only)
     if (!dir_.is_home(k)) {
-      Meta& mk = meta_[k];  // (state and hint: written by this thread only)
       if (mk.state == NOT_HERE && mk.hint == src) mk.set_hint(dir_.home(k));
       continue;
     }
-    if (meta_[k].owner != src || (meta_[k].marks & K_LOCALIZED) || dir_.intender_count(k) != 0) continue;
+    if (mk.owner != src || (mk.marks & K_LOCALIZED) || dir_.intender_count(k) != 0) continue;
     relocate(k, rank_, ob);
     n_given_back_.fetch_add(1, std::memory_order_relaxed);
   }

@@ -19,6 +19,7 @@ from typing import Any
 
 from . import _distkit_common as _native
 from .dtypes import NAMES, code_of
+from .validate import check_int
 
 __all__ = ["ROW_OPS", "cuda_compiled", "row_op"]
 
@@ -44,14 +45,6 @@ def cuda_compiled() -> bool:
 
 
 _CUDA = bool(_native.cuda_compiled())
-
-
-def _int(value: Any, name: str, lower: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"row_op: {name} must be an int, got {type(value).__name__} {value!r}")
-    if lower is not None and value < lower:
-        raise ValueError(f"row_op: {name} must be >= {lower}, got {value}")
-    return value
 
 
 def _dtype_code(dtype: Any) -> int:
@@ -176,11 +169,22 @@ def row_op(
         if type(c) is not int or c < 0:
             ok = False
     if not ok:
-        chunks = [_int(c, f"chunks[{i}]", 0) for i, c in enumerate(chunks)]
-        rows_per_chunk = _int(rows_per_chunk, "rows_per_chunk", 1)
-        nrows, ncols, n = _int(nrows, "nrows", 0), _int(ncols, "ncols", 0), _int(n, "n", 0)
-        row_stride, col_stride = _int(row_stride, "row_stride"), _int(col_stride, "col_stride")
-        idx, data, stream = _int(idx, "idx", 0), _int(data, "data", 0), _int(stream, "stream", 0)
+        chunks = [check_int(c, f"row_op: chunks[{i}]", lo=0) for i, c in enumerate(chunks)]
+        rows_per_chunk = check_int(rows_per_chunk, "row_op: rows_per_chunk", lo=1)
+        nrows, ncols, n = (
+            check_int(nrows, "row_op: nrows", lo=0),
+            check_int(ncols, "row_op: ncols", lo=0),
+            check_int(n, "row_op: n", lo=0),
+        )
+        row_stride, col_stride = (
+            check_int(row_stride, "row_op: row_stride"),
+            check_int(col_stride, "row_op: col_stride"),
+        )
+        idx, data, stream = (
+            check_int(idx, "row_op: idx", lo=0),
+            check_int(data, "row_op: data", lo=0),
+            check_int(stream, "row_op: stream", lo=0),
+        )
     if len(chunks) * rows_per_chunk < nrows:
         raise ValueError(f"row_op: {len(chunks)} chunks of {rows_per_chunk} rows cannot hold nrows={nrows} rows")
     code = _dtype_code(dtype)
