@@ -268,7 +268,7 @@ def run_steps(
     cpu = comm.allreduce(time.process_time() - c0)
     sent = comm.allreduce(wire_bytes() - n0)
     st: dict[str, float] = dict(server.stats())
-    for name in ("local", "shared", "remote", "forwarded", "given_back"):
+    for name in ("local", "shared", "remote", "forwarded", "given_back", "announced"):
         st[f"{name}_timed"] = comm.allreduce(st.get(name, 0) - s0.get(name, 0))
     st["cpu_ms_per_step"] = 1000 * cpu / (steps - warm)
     st["wire_bytes_per_step"] = sent / (steps - warm)

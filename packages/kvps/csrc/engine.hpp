@@ -144,8 +144,9 @@ class Engine {
   /// weighed) and how much bytes count, in thousandths. Last, key requests
   /// this rank forwarded because it did not hold the key (stale routing hints:
   /// each costs a message more), and keys it took back home from the ranks
-  /// intent had moved them to when intent paused (give_back).
-  std::array<int64_t, 13> stats() const {
+  /// intent had moved them to when intent paused (give_back), and keys it
+  /// holds away from their homes and announced to every rank then.
+  std::array<int64_t, 14> stats() const {
     return {n_local_.load(),
             n_shared_.load(),
             n_remote_.load(),
@@ -158,7 +159,8 @@ class Engine {
             static_cast<int64_t>(link_.rate()),
             static_cast<int64_t>(link_.weight() * 1000 + 0.5),
             n_forwarded_.load(std::memory_order_relaxed),
-            n_given_back_.load(std::memory_order_relaxed)};
+            n_given_back_.load(std::memory_order_relaxed),
+            n_announced_.load(std::memory_order_relaxed)};
   }
   /// Whether this rank reads and updates node-local peers' shards in place.
   bool shares_memory() const { return shm_.shares_peers(); }
@@ -338,6 +340,8 @@ class Engine {
   void give_back_ended(int64_t k, Outbox& ob);
   bool one_off_here(int64_t k) const;
   void on_give_back(int src, const MsgView& m, Outbox& ob);
+  void on_here(int src, const MsgView& m);
+  void to_every_rank(int32_t type, const Builder& b, Outbox& ob);
   void grant_replica(int64_t k, int q, Outbox& ob);
   // -- intents (intent.hpp)
   void share_ledger();
@@ -390,6 +394,8 @@ class Engine {
   void send_intent(int32_t type, const std::vector<int64_t>& keys, const std::vector<uint8_t>* replica, Outbox& ob);
   void home_intent(int32_t type, int32_t r, const int64_t* keys, const int64_t* replica, int64_t n, Outbox& ob);
 
+  static constexpr size_t kListKeys = size_t(1) << 22;  // keys per message of a key list (16 B each: 64 MiB)
+
   /// Prefetch the record (and the value) of the key kAheadKeys positions
   /// further on: the handlers walk random keys of tables much larger than
   /// the caches, where waiting for one miss at a time would dominate.
@@ -429,7 +435,8 @@ class Engine {
   std::vector<Meta*> pmeta_;   // node-local peers' records (nullptr: not shared)
   std::atomic<int64_t> n_local_{0}, n_shared_{0}, n_remote_{0};  // keys served, per path
   std::atomic<int64_t> n_told_{0}, n_classic_{0};                 // intents, per decision
-  std::atomic<int64_t> n_forwarded_{0}, n_given_back_{0};        // key requests forwarded, keys taken home (progress thread)
+  // key requests forwarded, keys taken home, kept keys announced (progress thread)
+  std::atomic<int64_t> n_forwarded_{0}, n_given_back_{0}, n_announced_{0};
   ReuseModel reuse_;                                              // progress thread only
   IntentLedger ledger_;                                           // whether intent pays (ledger.hpp)
   LinkMeter link_;                                                // what binds between hosts (link.hpp)

@@ -119,7 +119,7 @@ PYBIND11_MODULE(_kvps, m) {
       .def("stats",
            [](Engine& e) {
              auto s = e.stats();
-             return py::make_tuple(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[11], s[12]);
+             return py::make_tuple(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[11], s[12], s[13]);
            })
       .def_property_readonly("shares_memory", &Engine::shares_memory)
       .def_property_readonly("rank", &Engine::rank)

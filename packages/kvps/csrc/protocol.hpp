@@ -91,6 +91,9 @@ inline void Engine::handle_msg(int src, const char* buf) {
     case M_GIVE_BACK:
       on_give_back(src, m, ob);
       break;
+    case M_HERE:
+      on_here(src, m);
+      break;
     default:
       throw distkit::Error(str("kvps: unknown message type ", m.h.type, " from rank ", src));
   }

@@ -165,25 +165,68 @@ inline void Engine::relocate(int64_t k, int r, Outbox& ob) {
 /// (kvps performance docs). Keys still intended here at the pause go back
 /// when their window ends, or when they arrive if that is later
 /// (give_back_ended).
+///
+/// The keys that stay are announced to every rank (M_HERE): a rank that had
+/// not used one since it moved here would send its first request to the
+/// key's home, which forwards it here, in a message of its own for a key or
+/// three, and the answer comes back in another (on word2vec on 4 hosts, two
+/// thirds of the paused server's forwards). One announcement of every kept
+/// key costs a 16-byte record per key and rank, once per pause.
 inline void Engine::give_back(Outbox& ob) {
   if (tech_ != T_ALL) return;
-  Builder keys;
-  for (int64_t k = 0; k < num_keys_; ++k)
-    if (one_off_here(k)) keys.put(k, 0, nullptr, 0);
-  if (keys.keys.empty()) return;
-  // To every rank, not only the homes: a rank whose routing hint names this
-  // one for a key would have its next request for it forwarded (one message
-  // there and one back for a key or two: the paused server's extra messages).
-  for (int d = 0; d < size_; ++d)
-    if (d != rank_) ob.to(d, M_GIVE_BACK, rank_, 0) = keys;
+  Builder back, kept;
+  for (int64_t k = 0; k < num_keys_; ++k) {
+    if (meta_[k].state != OWNED || dir_.is_home(k)) continue;
+    if (one_off_here(k)) {
+      back.put(k, 0, nullptr, 0);
+    } else if ((meta_[k].marks & K_KEEP) || ledger_.counts(k)) {
+      kept.put(k, 0, nullptr, 0);  // (not a one-off still intended: it goes back when its window ends)
+    }
+  }
+  // Both to every rank, not only the homes: a rank whose routing hint names
+  // this one for a key given back would have its next request for it
+  // forwarded too.
+  to_every_rank(M_GIVE_BACK, back, ob);
+  to_every_rank(M_HERE, kept, ob);
+  n_announced_.fetch_add(static_cast<int64_t>(kept.keys.size()), std::memory_order_relaxed);
+}
+
+/// Keys `b` (no values) to every other rank as messages of type `type`, in
+/// pieces of at most kListKeys keys (a message stays far below MPI's 2 GiB).
+inline void Engine::to_every_rank(int32_t type, const Builder& b, Outbox& ob) {
+  const size_t n = b.keys.size();
+  for (size_t lo = 0, piece = 0; lo < n; lo += kListKeys, ++piece) {
+    const auto first = static_cast<std::ptrdiff_t>(lo), last = static_cast<std::ptrdiff_t>(std::min(n, lo + kListKeys));
+    // (the timestamp only tells the pieces apart in the outbox: these messages complete no request)
+    for (int d = 0; d < size_; ++d) {
+      if (d == rank_) continue;
+      Builder& to = ob.to(d, type, rank_, static_cast<int64_t>(piece));
+      to.keys.insert(to.keys.end(), b.keys.begin() + first, b.keys.begin() + last);
+      to.pos.insert(to.pos.end(), b.pos.begin() + first, b.pos.begin() + last);
+    }
+  }
+}
+
+/// Rank src owns these keys and keeps them (give_back): requests for them go
+/// there directly. (The home knows it already; a key that moved on since
+/// leaves a stale hint, which routing corrects as for any other.)
+inline void Engine::on_here(int src, const MsgView& m) {
+  for (int64_t i = 0; i < m.h.n; ++i) {
+    const int64_t k = m.keys[i];
+    if (k < 0 || k >= num_keys_ || dir_.is_home(k)) continue;
+    Meta& mk = meta_[k];  // (state, hint: written by this thread only)
+    if (mk.state == NOT_HERE) mk.set_hint(src);
+  }
 }
 
 /// While intent is paused, key k, whose last window here has ended (or which
 /// arrived after it), goes back to its home if intent moved it here for a
 /// single use, as give_back() sends those whose windows had ended at the pause.
 inline void Engine::give_back_ended(int64_t k, Outbox& ob) {
-  if (tech_ == T_ALL && !ledger_.all_keys() && one_off_here(k))
-    ob.to(dir_.home(k), M_GIVE_BACK, rank_, 0).put(k, 0, nullptr, 0);
+  if (!(tech_ == T_ALL && !ledger_.all_keys() && one_off_here(k))) return;
+  // (to every rank, as give_back: hints naming this rank then name the home)
+  for (int d = 0; d < size_; ++d)
+    if (d != rank_) ob.to(d, M_GIVE_BACK, rank_, 0).put(k, 0, nullptr, 0);
 }
 
 /// Whether this rank holds key k away from its home for a single use of intent

@@ -50,6 +50,7 @@ enum MsgType : int32_t {
   M_BYE,           // the sender leaves without shutdown()
   M_LEDGER,        // the sender's intent ledger: keys[0] = gains, pos[0] = costs (ledger.hpp)
   M_GIVE_BACK,     // keys intent moved to the sender go back to their homes (intent paused: Engine::give_back)
+  M_HERE,          // the sender owns these keys and keeps them: point routing hints at it (Engine::give_back)
 };
 
 /// What a message carries per key after the keys and positions.

@@ -272,6 +272,13 @@ def test_intent_ledger_pauses_and_resumes() -> None:
 
 
 @pytest.mark.mpi
+def test_intent_pause_points_every_ranks_hints_at_the_keys() -> None:
+    """At the pause kept keys are announced and given-back keys re-pointed home: a third rank's pulls go direct."""
+    res = run_mpi(str(SCRIPTS / "ledger_hints.py"), 3, timeout=300)
+    assert "ledger hints ok" in res.stdout, res.stdout
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize(
     ("nprocs", "mode", "technique"),
     [

@@ -223,7 +223,9 @@ class Server:
             owner (the sender's routing hint was stale after a move);
             ``given_back``: keys this rank, their home, took back from the
             rank intent had moved them to when intent paused (keys moved for
-            a single use; see the user guide).
+            a single use; see the user guide); ``announced``: keys this rank
+            holds away from their homes and kept when intent paused, whose
+            new place it told every rank then.
         """
         s = self._engine.stats()
         loc, shared, remote, moved, classic, all_keys, switches, gain, cost = s[:9]
@@ -241,6 +243,7 @@ class Server:
             "link_weight": s[10] / 1000,
             "forwarded": int(s[11]),
             "given_back": int(s[12]),
+            "announced": int(s[13]),
         }
 
     def my_rank(self) -> int:
