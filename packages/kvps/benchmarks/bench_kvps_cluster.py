@@ -308,6 +308,9 @@ def row(name: str, rate: str, steps: int, rounds: int) -> None:
         intent_remote=si["remote_timed"],
         intent_share_local=si["local_timed"] / accesses,
         intent_share_remote=si["remote_timed"] / accesses,
+        intent_forwarded=si["forwarded_timed"],
+        intent_given_back=si["given_back_timed"],
+        intent_announced=si["announced_timed"],
         cpu_ms_per_step_intent=si["cpu_ms_per_step"],
         cpu_ms_per_step_classic=st["classic"]["cpu_ms_per_step"],
     )
