@@ -251,7 +251,7 @@ _STORE = (
 )
 _RANK = (
     "import sys, time\nfrom distkit_common.heartbeat import Heartbeat\n"
-    "Heartbeat('127.0.0.1', int(sys.argv[1]), int(sys.argv[2]), 3, interval=0.2, timeout=4.0).start()\n"
+    "Heartbeat('127.0.0.1', int(sys.argv[1]), int(sys.argv[2]), 3, interval=0.2, timeout=8.0).start()\n"
     "print('UP', flush=True)\ntime.sleep(600)\n"
 )
 
@@ -277,13 +277,14 @@ def test_heartbeat_names_a_frozen_peer_and_ignores_one_that_stopped() -> None:
         assert up == "UP"
         lost: list[str] = []
         watchers = [
-            heartbeat.Heartbeat("127.0.0.1", store.port, r, 3, interval=0.2, timeout=4.0, on_lost=lost.append).start()
+            heartbeat.Heartbeat("127.0.0.1", store.port, r, 3, interval=0.2, timeout=8.0, on_lost=lost.append).start()
             for r in range(2)
         ]
-        # a timeout of 4 s: a peer that a loaded machine leaves unscheduled for a second is not lost
+        # a timeout of 8 s (40 beats): a peer that a loaded machine leaves unscheduled for seconds
+        # is not lost, so the empty list below says "a stopped peer is not reported", not "fast"
         time.sleep(0.6)
         watchers[1].stop(wait_for_peers=False)  # finished: never reported
-        time.sleep(5.0)  # past the timeout
+        time.sleep(9.0)  # past the timeout
         assert lost == []
         os.kill(frozen.pid, signal.SIGSTOP)  # rank 2 freezes without a word, as a host cut off would
         _wait_for(lost, 120.0)

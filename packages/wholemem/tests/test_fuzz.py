@@ -261,39 +261,62 @@ def _overlaps(t: torch.Tensor) -> bool:
     return False
 
 
+#: dtypes without a distkit code: gather / scatter copy their elements' bytes
+UNCODED = [torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn]
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s elements as signed integers of the same size (torch has few ops for uint16/32/64 and float8)."""
+    if x.dtype in UNCODED:
+        return x.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
+    return x
+
+
 @FUZZ
 @given(
     view=st.sampled_from(
         ["plain", "cols", "step", "transpose", "rows_expand", "cols_expand", "as_strided", "3d", "3d_perm", "1d"]
     ),
-    dtype=st.sampled_from([*DTYPES, torch.complex64, torch.uint16]),
+    dtype=st.sampled_from([*DTYPES, torch.complex64, *UNCODED]),
     values=st.lists(st.integers(-1, 6), max_size=6),
 )
 @example(view="rows_expand", dtype=torch.float32, values=[0, 1])
 @example(view="as_strided", dtype=torch.float32, values=[0])
-@example(view="plain", dtype=torch.uint16, values=[1])
+@example(view="plain", dtype=torch.uint16, values=[1, 1, 4])
+@example(view="3d_perm", dtype=torch.uint16, values=[5, 0])
+@example(view="step", dtype=torch.uint64, values=[2, 3])
 def test_plain_cpu_tensors_of_any_layout(view: str, dtype: torch.dtype, values: list[int]) -> None:
     t = _plain(view, dtype)
     idx = torch.tensor(values, dtype=torch.int64)
-    if dtype is torch.uint16 and not _overlaps(t):  # no distkit dtype code (nor torch index ops for all shapes)
-        with pytest.raises(TypeError, match="unsupported dtype torch.uint16"):
-            wg.scatter(t, idx.clamp(0, 5), _rows(idx.numel(), tuple(t.shape[1:]), dtype, 30))
-        return
     if bool(((idx < 0) | (idx >= 6)).any()):
         with pytest.raises(IndexError, match="out of range for 6 rows"):
             wg.gather(t, idx)
         return
-    assert torch.equal(wg.gather(t, idx), t[idx])
+    got = wg.gather(t, idx)
+    assert got.dtype == dtype
+    assert torch.equal(_bits(got), _bits(t)[idx])
     vals = _rows(idx.numel(), tuple(t.shape[1:]), dtype, 30)
-    before = t.clone()
+    before = _bits(t).clone()
     if _overlaps(t):
         # rows that share memory cannot all take new values: refused, as torch's index_copy_ does
         with pytest.raises(ValueError, match="share memory"):
             wg.scatter(t, idx, vals)
-        assert torch.equal(t, before)
+        assert torch.equal(_bits(t), before)
         return
     wg.scatter(t, idx, vals)
-    assert torch.equal(t, _last_wins(before, idx, vals))
+    assert torch.equal(_bits(t), _last_wins(before, idx, _bits(vals)))
+
+
+def test_uint16_rows_move_bit_for_bit() -> None:
+    # values above int16's range: a reinterpreting copy keeps them, a converting one would not
+    t = torch.tensor([[65535, 1], [40000, 2], [3, 65534]], dtype=torch.int32).to(torch.uint16)
+    got = wg.gather(t, torch.tensor([2, 0, 2]))
+    assert got.dtype == torch.uint16
+    assert got.to(torch.int32).tolist() == [[3, 65534], [65535, 1], [3, 65534]]
+    wg.scatter(t, torch.tensor([1]), torch.tensor([[50000, 65533]], dtype=torch.int32).to(torch.uint16))
+    assert t.to(torch.int32).tolist() == [[65535, 1], [50000, 65533], [3, 65534]]
+    with pytest.raises(TypeError, match="dtype torch.uint16"):
+        wg.scatter(t, torch.tensor([0]), torch.zeros(1, 2, dtype=torch.int16))
 
 
 @FUZZ

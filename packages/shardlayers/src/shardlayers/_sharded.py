@@ -193,6 +193,10 @@ def _to_layout(v: Any, owner: torch.Tensor, p: int, r: int) -> torch.Tensor:
 
 
 def is_our_mesh(mesh: Any) -> bool:
+    # by value, not only identity: a DeviceMesh's tensor of ranks fixes each rank's coordinate,
+    # and so the offsets of its shard; a mesh with the same ranks in the same places (the mesh of
+    # an earlier grouping at the same group size, or the user's own ("dp", "tp") mesh) cuts the
+    # same shards. A permuted or resized layout has another tensor and loads via full_tensor().
     try:
         ours = device_mesh()
     except RuntimeError:

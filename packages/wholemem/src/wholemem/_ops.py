@@ -21,7 +21,9 @@ WmAny = Any  # torch.Tensor | ChunkedTensor | NCCLTensor
 def gather(t: WmAny, indices: Any, out: torch.Tensor | None = None) -> torch.Tensor:
     """Read rows ``indices`` of ``t``: ``out[i] = t[indices[i]]``.
 
-    Collective for NCCL tensors (every rank calls it, with its own indices).
+    Collective for NCCL tensors (every rank calls it, with its own indices). Rows are copied
+    bit for bit, so a plain tensor may also have a dtype without a distkit code (``uint16``,
+    ``uint32``, ``uint64``, the ``float8`` types).
 
     Parameters
     ----------
@@ -61,6 +63,7 @@ def scatter(t: WmAny, indices: Any, values: Any) -> None:
 
     Collective for NCCL tensors. For HOST / CHUNKED tensors the write is visible to
     every rank immediately; call ``comm.barrier()`` before others read it.
+    Like :func:`gather`, a plain tensor may have any dtype of 1, 2, 4 or 8 bytes.
 
     Parameters
     ----------

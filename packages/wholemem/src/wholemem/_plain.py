@@ -89,6 +89,22 @@ def _device_rows(op: str, t: torch.Tensor, didx: torch.Tensor, data: torch.Tenso
     return True
 
 
+#: same-size stand-ins for dtypes without a distkit code (uint16, uint32, uint64, the float8
+#: types): gather and scatter only copy whole elements, so the rows move as these integers'
+#: bytes, bit for bit (torch has no index_copy_ for uint16 either)
+_BYTES_AS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _as_coded(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself, or, for a dtype without a distkit code, ``x`` reinterpreted (a view, same
+    strides) as the integer type of its element size; complex32 and other sizes stay as they are
+    (and get code_of's TypeError)."""
+    if str(x.dtype).removeprefix("torch.") in CODES or x.dtype.is_complex:
+        return x
+    alias = _BYTES_AS.get(x.element_size())
+    return x if alias is None else x.view(alias)
+
+
 #: whether distkit-common's row kernels were compiled (they also need a visible GPU, as `t` is on one)
 _CUDA_ROWS = _rows.cuda_compiled()
 
@@ -101,14 +117,16 @@ def gather(t: torch.Tensor, indices: Any, out: torch.Tensor | None) -> torch.Ten
     if t.device.type != "cpu":
         didx = _checks.indices(indices, t.device, int(t.shape[0]))
         o = _checks.out_rows(out, didx.numel(), row_shape, t.dtype, t.device)
-        if not _device_rows("gather", t, didx, o):
-            torch.index_select(t, 0, didx, out=o)
+        t_, o_ = _as_coded(t), _as_coded(o)
+        if not _device_rows("gather", t_, didx, o_):
+            torch.index_select(t_, 0, didx, out=o_)
         return o
     idx = _checks.cpu_indices(indices, int(t.shape[0]))
     o = _checks.out_rows(out, idx.numel(), row_shape, t.dtype, t.device)
-    table = plain_table(t)
+    t_, o_ = _as_coded(t), _as_coded(o)
+    table = plain_table(t_)
     if table is None:
-        torch.index_select(t, 0, idx, out=o)
+        torch.index_select(t_, 0, idx, out=o_)
     elif idx.numel():
         table.gather(int(idx.data_ptr()), idx.dtype == torch.int64, int(idx.numel()), int(o.data_ptr()))
     return o
@@ -130,15 +148,17 @@ def scatter(t: torch.Tensor, indices: Any, values: Any) -> None:
     row_shape = tuple(t.shape[1:])
     if t.device.type != "cpu":
         didx = _checks.indices(indices, t.device, int(t.shape[0]))
-        vals = _checks.rows_in(values, "values", didx.numel(), row_shape, t.dtype, t.device)
-        if not _device_rows("scatter", t, didx, vals):
-            t.index_copy_(0, didx.to(torch.int64), vals)
+        vals = _as_coded(_checks.rows_in(values, "values", didx.numel(), row_shape, t.dtype, t.device))
+        t_ = _as_coded(t)
+        if not _device_rows("scatter", t_, didx, vals):
+            t_.index_copy_(0, didx.to(torch.int64), vals)
         return
     idx = _checks.cpu_indices(indices, int(t.shape[0]))
-    vals = _checks.rows_in(values, "values", idx.numel(), row_shape, t.dtype, t.device).contiguous()
-    table = plain_table(t)
+    vals = _as_coded(_checks.rows_in(values, "values", idx.numel(), row_shape, t.dtype, t.device).contiguous())
+    t_ = _as_coded(t)
+    table = plain_table(t_)
     if table is None:
-        t.index_copy_(0, idx.to(torch.int64), vals)
+        t_.index_copy_(0, idx.to(torch.int64), vals)
     elif idx.numel():
         table.scatter(int(idx.data_ptr()), idx.dtype == torch.int64, int(idx.numel()), int(vals.data_ptr()))
 
