@@ -170,7 +170,8 @@ def across_hosts(quick: bool, link_bps: float | None, rate: str | None) -> None:
     ratio = t_a2a / t_nccl
     emit(
         rank,
-        f"gather across {comm.num_nodes} hosts x {comm.local_size} ranks: NCCL type / torch.distributed all_to_all gather",
+        f"gather across {comm.num_nodes} hosts x {comm.local_size} ranks{f' at {rate}' if rate else ''}: NCCL type / "
+        "torch.distributed all_to_all gather",
         ratio,
         ">= 1",
         ratio >= 1.0,
