@@ -147,11 +147,11 @@ def main(argv: list[str]) -> int:
                 ),
                 flush=True,
             )
-    plot(rows, a.out / "recsys_scaling.png", a.rate, a.global_batch, cores)
+    plot(rows, a.out / "recsys_scaling.png", a.rate, a.global_batch, cores, tcp)
     return 0
 
 
-def plot(rows: dict[int, dict], path: Path, rate: str, batch: int, cores: int) -> None:
+def plot(rows: dict[int, dict], path: Path, rate: str, batch: int, cores: int, tcp: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -169,6 +169,15 @@ def plot(rows: dict[int, dict], path: Path, rate: str, batch: int, cores: int) -
         color="C3",
         label=f"bound of {cores} shared cores",
     )
+    linked = [n for n in ns if rows[n]["link_bytes_per_step"] > 1000]
+    if linked:
+        ax.plot(
+            linked,
+            [tcp / rows[n]["link_bytes_per_step"] for n in linked],
+            ls="-.",
+            color="C2",
+            label="bound of the link (TCP goodput / bytes per step)",
+        )
     ax.set(xlabel="hosts (1 rank each)", ylabel="steps/s", xticks=ns)
     ax.set_title(f"train_recsys, global batch {batch}, links {rate}", fontsize=10)
     ax.legend()

@@ -233,9 +233,9 @@ def main(argv: list[str]) -> None:
         fns.append(lambda: sync_grads(held, our_dp, dp))
     t_ours, t_theirs, t_local, *t_sync = interleave(fns, reps)
     peaks: tuple[list[int], list[int]] = ([], [])
-    for _ in range(
-        3 if dp == 1 else 0
-    ):  # (the data-parallel rows time the step only)  # paired too: the tracked total drifts by a few MiB between profiling sessions
+    # paired too: the tracked total drifts by a few MiB between profiling sessions (the data-parallel
+    # layouts time the step only)
+    for _ in range(3 if dp == 1 else 0):
         peaks[0].append(peak_tracked_bytes(lambda: step(ours)))
         peaks[1].append(peak_tracked_bytes(lambda: step(theirs)))
     mems = torch.tensor([statistics.median(p) if p else 0.0 for p in peaks], dtype=torch.float64)
@@ -264,7 +264,7 @@ def main(argv: list[str]) -> None:
         tag = f"hidden {hidden}, {layers} layers, seq {seq}, batch {batch}, ffn {ffn}, TP={size}"
         if dp > 1:
             n_hosts = len(set(hosts))
-            where = "across hosts" if opts.interleave_hosts else "within hosts"
+            where = "across hosts" if crossing(tp_ranks, hosts) else "within hosts"
             tag = (
                 f"hidden {hidden}, {layers} layers, seq {seq}, batch {batch}, ffn {ffn}, TP={tp} {where} x DP={dp}, "
                 f"{n_hosts} hosts x {len(host_ranks)} ranks, {opts.rate or 'unshaped'}"
@@ -328,9 +328,7 @@ def main(argv: list[str]) -> None:
                     ms_anchor=round(mt * 1e3, 1),
                 )
             )
-        if dp > 1:
-            finish()
-            return
+    if rank == 0 and dp == 1:
         print(
             bench_line(
                 f"Llama-style block stack fwd+bwd peak tracked CPU allocation per rank ({tag}): shardlayers / DTensor",
