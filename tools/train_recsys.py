@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import shutil
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -334,7 +335,11 @@ def main(argv: list[str]) -> int:
     baseline = data.popularity_baseline()
     stop = cfg.steps - 1 if args.stop_after is None else args.stop_after
     step = start - 1
+    # wall time after every step that neither evaluates nor saves: the training speed in summary.json
+    train_s: list[float] = []
+    train_cpu: list[float] = []  # this process's CPU seconds in those steps (all its threads)
     for step in range(start, stop + 1):
+        t_step, c_step = time.perf_counter(), time.process_time()
         while worker.current_clock() < step:
             worker.advance_clock()
         ahead = step + cfg.lookahead
@@ -362,8 +367,12 @@ def main(argv: list[str]) -> int:
         worker.waitall()
         mean_loss = world.Allreduce(loss.detach().reshape(1), mpiad.MPI_SUM).item() / size
         history.append([step, mean_loss])
+        busy = (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1
+        if not (busy or (step + 1) % cfg.ckpt_every == 0 or step == stop):
+            train_s.append(time.perf_counter() - t_step)
+            train_cpu.append(time.process_time() - c_step)
 
-        if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
+        if busy:
             acc = evaluate(model, worker, feats, cfg, eval_users, eval_ctx, eval_target, world)
             history[-1].append(acc)
             if rank == 0:
@@ -398,6 +407,11 @@ def main(argv: list[str]) -> int:
             "digest": fingerprints,
             "seconds": time.perf_counter() - t_start,
             "ranks": size,
+            # rank 0's plain training steps after the first 10 (warm-up): median and mean rate
+            "steps_timed": len(train_s[10:]),
+            "steps_per_s": len(train_s[10:]) / sum(train_s[10:]) if train_s[10:] else None,
+            "step_s_median": statistics.median(train_s[10:]) if train_s[10:] else None,
+            "cpu_s_per_step": sum(train_cpu[10:]) / len(train_cpu[10:]) if train_cpu[10:] else None,
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         if finished:

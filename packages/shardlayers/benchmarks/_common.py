@@ -15,12 +15,28 @@ import torch
 import torch.distributed as dist
 
 
-def init() -> tuple[int, int]:
+def init(interleave_hosts: bool = False) -> tuple[int, int]:
+    """torch.distributed (gloo) on the MPI job's ranks; returns (rank, world size).
+
+    ``interleave_hosts``: torch ranks dealt round-robin over the hosts (MPI ranks fill the hosts in
+    order), so that consecutive torch ranks, which shardlayers puts in one tensor-parallel group,
+    sit on different hosts.
+    """
+    import socket
+
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     path = comm.bcast(os.path.join(tempfile.mkdtemp(prefix="shardlayers-bench-"), "store") if rank == 0 else None)
+    if interleave_hosts:
+        hosts = comm.allgather(socket.gethostname())
+        names = sorted(set(hosts), key=hosts.index)
+        per_host = [hosts.count(h) for h in names]
+        if len(set(per_host)) != 1:
+            raise ValueError(f"interleave_hosts needs the same number of ranks on every host, got {per_host}")
+        h, local = names.index(hosts[rank]), hosts[: rank + 1].count(hosts[rank]) - 1
+        rank = local * len(names) + h
     dist.init_process_group("gloo", store=dist.FileStore(path, size), rank=rank, world_size=size)
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // size))
     return rank, size
@@ -136,13 +152,14 @@ def peak_tracked_bytes(fn: Callable[[], Any]) -> int:
     return peak
 
 
-def bench_line(name: str, ratio: float, goal: str, limit: float, unit: str = "x", **extra: Any) -> str:
+def bench_line(name: str, ratio: float, goal: str, limit: float | None, unit: str = "x", **extra: Any) -> str:
+    """A BENCH line; ``limit`` None for a line of information (``met`` null)."""
     row = {
         "package": "shardlayers",
         "name": name,
         "ratio": round(ratio, 3),
         "goal": goal,
-        "met": bool(ratio <= limit),
+        "met": None if limit is None else bool(ratio <= limit),
         "unit": unit,
         **extra,
     }
