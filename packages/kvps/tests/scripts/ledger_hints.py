@@ -77,7 +77,6 @@ learnt: list[np.ndarray] = []  # src's one-off keys homed on src_home, pulled he
 c0 = w.current_clock()
 for i in range(AHEAD):
     w.intent(plan[i], c0 + i, c0 + i + 1)
-done = CLOCKS - AHEAD
 for i in range(CLOCKS - AHEAD):
     c = w.current_clock()
     w.intent(plan[i + AHEAD], c + AHEAD, c + AHEAD + 1)
@@ -89,7 +88,6 @@ for i in range(CLOCKS - AHEAD):
         learnt.append(old)
     w.advance_clock()
     if i % 8 == 7 and comm.allreduce(s.stats()["intent_all_keys"] == 0, op=MPI.LAND):
-        done = i + 1
         break
 assert s.stats()["intent_all_keys"] == 0, f"rank {rank}: intent did not pause: {s.stats()}"
 for _ in range(AHEAD + 2):  # the last windows end; one-off keys still intended at the pause go back then

@@ -63,13 +63,18 @@ def plain_table(t: torch.Tensor) -> Table | None:
     return Table([int(t.data_ptr())], max(nrows, 1), nrows, ncols, rs, cs, code_of(t.dtype), False)
 
 
+def _has_code(dtype: torch.dtype) -> bool:
+    """Whether the native row code takes ``dtype`` (it has a distkit code)."""
+    return str(dtype).removeprefix("torch.") in CODES
+
+
 def _device_rows(op: str, t: torch.Tensor, didx: torch.Tensor, data: torch.Tensor) -> bool:
     """Run ``op`` on a CUDA tensor ``t`` with distkit-common's row kernels (whole rows as
     the widest aligned words); False where they do not apply (distkit-common built without
     CUDA, a dtype without a code, a layout that is not one strided row table, a
     non-contiguous ``data``, rows that overlap). ``didx`` must be checked already: the
     kernels skip bad rows without a report (no stream synchronisation)."""
-    if t.device.type != "cuda" or not _CUDA_ROWS or str(t.dtype).removeprefix("torch.") not in CODES:
+    if t.device.type != "cuda" or not _CUDA_ROWS or not _has_code(t.dtype):
         return False
     args = plain_table_args(t)
     if args is None:
@@ -99,7 +104,7 @@ def _as_coded(x: torch.Tensor) -> torch.Tensor:
     """``x`` itself, or, for a dtype without a distkit code, ``x`` reinterpreted (a view, same
     strides) as the integer type of its element size; complex32 and other sizes stay as they are
     (and get code_of's TypeError)."""
-    if str(x.dtype).removeprefix("torch.") in CODES or x.dtype.is_complex:
+    if _has_code(x.dtype) or x.dtype.is_complex:
         return x
     alias = _BYTES_AS.get(x.element_size())
     return x if alias is None else x.view(alias)
